@@ -1,0 +1,55 @@
+"""The `relaykv` command: a thin dispatcher.
+
+Each subcommand lives in the layer that owns it and exposes `add_arguments(parser)` and
+`run(args) -> int`. Only the chosen subcommand's module is imported, so `relaykv
+cache-probe` never loads torch and `relaykv --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
+}
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the flag, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _top_parser() -> CliParser:
+    parser = CliParser(prog="relaykv", description="relaykv: hybrid-attention LLM serving")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("command", nargs="?", choices=sorted(COMMANDS), metavar="COMMAND")
+    parser.epilog = "commands:\n" + "\n".join(
+        f"  {name:<14} {help_}" for name, (_, help_) in sorted(COMMANDS.items())
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        top = _top_parser()
+        args = top.parse_args(argv[:1])
+        if args.version:
+            from relaykv import __version__
+
+            print(__version__)
+            return 0
+        top.print_help()
+        return 0 if not argv else 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = CliParser(prog=f"relaykv {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)

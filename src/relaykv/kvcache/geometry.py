@@ -1,0 +1,206 @@
+"""KV cache geometry: groups, block sizes, windows, the draft flag (KVCACHE.md §1).
+
+A geometry is everything the cache needs to know about a model: which KV groups exist,
+their kind (`full` or `sliding(W)`), their block size, and whether a group holds the
+layers of an EAGLE-style draft model. The derived constants `alignment` (lcm of block
+sizes, the hit alignment A) and `hash_unit` (gcd, u) follow from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+GroupKind = Literal["full", "sliding"]
+EagleReuse = Literal["drop", "successor"]
+EAGLE_REUSE_MODES: tuple[str, ...] = ("drop", "successor")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative integers."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """One KV group: layers of the same kind and block size sharing one block table.
+
+    `bytes_per_token` is the KV bytes one token occupies across all layers of the group
+    (K and V); it only matters for memory sizing, so cache-only tools may leave it 0.
+    """
+
+    kind: GroupKind
+    block_size: int
+    window: int | None = None
+    draft: bool = False
+    num_layers: int = 1
+    bytes_per_token: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "sliding"):
+            raise ValueError(f"unknown group kind {self.kind!r} (expected full or sliding)")
+        if self.block_size < 1:
+            raise ValueError(f"block size must be >= 1, got {self.block_size}")
+        if self.kind == "sliding":
+            if self.window is None or self.window < 1:
+                raise ValueError("a sliding group needs a window >= 1")
+        elif self.window is not None:
+            raise ValueError("a full group has no window")
+        if self.num_layers < 0 or self.bytes_per_token < 0:
+            raise ValueError("num_layers and bytes_per_token must be >= 0")
+
+    @property
+    def is_sliding(self) -> bool:
+        return self.kind == "sliding"
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of this group (all its layers)."""
+        return self.block_size * self.bytes_per_token
+
+    def describe(self) -> str:
+        base = f"full(b={self.block_size})" if self.kind == "full" else (
+            f"sliding(b={self.block_size}, W={self.window})"
+        )
+        return base + (" [draft]" if self.draft else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The groups of a model's KV cache plus the speculative-decoding settings.
+
+    `eagle` turns on the EAGLE rules of KVCACHE.md §4. It is implied by any draft group;
+    if it is set and no group is marked draft, every group counts as marked (§4).
+    """
+
+    groups: tuple[GroupSpec, ...]
+    eagle: bool = False
+    eagle_reuse: EagleReuse = "drop"
+    alignment: int = field(init=False)
+    hash_unit: int = field(init=False)
+    draft_groups: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("a geometry needs at least one group")
+        if self.eagle_reuse not in EAGLE_REUSE_MODES:
+            raise ValueError(f"eagle_reuse must be drop or successor, got {self.eagle_reuse!r}")
+        sizes = [g.block_size for g in self.groups]
+        object.__setattr__(self, "groups", tuple(self.groups))
+        object.__setattr__(self, "alignment", math.lcm(*sizes))
+        object.__setattr__(self, "hash_unit", math.gcd(*sizes))
+        marked = tuple(i for i, g in enumerate(self.groups) if g.draft)
+        eagle = self.eagle or bool(marked)
+        object.__setattr__(self, "eagle", eagle)
+        if eagle and not marked:
+            marked = tuple(range(len(self.groups)))
+        object.__setattr__(self, "draft_groups", marked if eagle else ())
+
+    # -- derived views ---------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def eagle_drop(self) -> bool:
+        """True when draft groups must prove a reused boundary with a peek block (§4)."""
+        return self.eagle and self.eagle_reuse == "drop"
+
+    @property
+    def eagle_successor(self) -> bool:
+        return self.eagle and self.eagle_reuse == "successor"
+
+    def is_draft(self, group: int) -> bool:
+        return group in self.draft_groups
+
+    @property
+    def full_groups(self) -> tuple[int, ...]:
+        return tuple(i for i, g in enumerate(self.groups) if g.kind == "full")
+
+    @property
+    def sliding_groups(self) -> tuple[int, ...]:
+        return tuple(i for i, g in enumerate(self.groups) if g.kind == "sliding")
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one pool block: the largest group page (groups share one pool)."""
+        return max(g.page_bytes for g in self.groups)
+
+    def with_draft(self, index: int | None) -> Geometry:
+        """The same geometry with the draft mark moved to group `index` (None: no draft)."""
+        if index is not None and not 0 <= index < len(self.groups):
+            raise ValueError(f"draft group index {index} out of range 0..{len(self.groups) - 1}")
+        groups = tuple(replace(g, draft=(i == index)) for i, g in enumerate(self.groups))
+        return Geometry(groups, eagle=index is not None, eagle_reuse=self.eagle_reuse)
+
+    def with_eagle_reuse(self, mode: EagleReuse) -> Geometry:
+        return Geometry(self.groups, eagle=self.eagle, eagle_reuse=mode)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"g{i}={g.describe()}" for i, g in enumerate(self.groups))
+        eagle = f"eagle={self.eagle_reuse}" if self.eagle else "eagle=off"
+        return f"{parts}; A={self.alignment}, u={self.hash_unit}, {eagle}"
+
+
+def parse_groups(text: str) -> tuple[GroupSpec, ...]:
+    """Parse `full:16,sliding:16:128` into group specs (the `--groups` flag)."""
+    groups: list[GroupSpec] = []
+    for item in text.split(","):
+        fields = item.strip().split(":")
+        try:
+            if fields[0] == "full" and len(fields) == 2:
+                groups.append(GroupSpec("full", int(fields[1])))
+            elif fields[0] == "sliding" and len(fields) == 3:
+                groups.append(GroupSpec("sliding", int(fields[1]), window=int(fields[2])))
+            else:
+                raise ValueError
+        except ValueError as exc:
+            raise ValueError(
+                f"bad group {item.strip()!r}: expected full:BLOCK or sliding:BLOCK:WINDOW"
+            ) from exc
+    return tuple(groups)
+
+
+def _gpt_oss_like() -> Geometry:
+    # Alternating full and sliding(W=128) layers, one block size; the EAGLE3 draft layer is
+    # a full-attention layer, so it joins the full group (KVCACHE.md §1).
+    return Geometry((
+        GroupSpec("full", 16, draft=True, num_layers=12),
+        GroupSpec("sliding", 16, window=128, num_layers=12),
+    ))
+
+
+def _gemma3_like() -> Geometry:
+    # 5 sliding(W=512) : 1 full; no draft model by default.
+    return Geometry((
+        GroupSpec("full", 16, num_layers=3),
+        GroupSpec("sliding", 16, window=512, num_layers=15),
+    ))
+
+
+def _dsv4_like() -> Geometry:
+    # One large-block full (compressed) group and sliding groups with different block sizes,
+    # so A = 256 is much larger than the hash unit u = 4; the MTP/EAGLE draft lives in a
+    # sliding group.
+    return Geometry((
+        GroupSpec("full", 256),
+        GroupSpec("sliding", 64, window=512, draft=True),
+        GroupSpec("sliding", 8, window=128),
+        GroupSpec("sliding", 4, window=8),
+    ))
+
+
+PRESETS = {
+    "gpt-oss-like": _gpt_oss_like,
+    "gemma3-like": _gemma3_like,
+    "dsv4-like": _dsv4_like,
+}
+
+
+def preset(name: str) -> Geometry:
+    """A named preset geometry (`gpt-oss-like`, `gemma3-like`, `dsv4-like`)."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None
