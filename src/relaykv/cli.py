@@ -52,4 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = CliParser(prog=f"relaykv {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
+    # A subcommand that validates values after parsing takes the parser too, so its errors
+    # use the same one-line format naming the flag.
+    if module.run.__code__.co_argcount >= 2:
+        return int(module.run(args, parser) or 0)
     return int(module.run(args) or 0)

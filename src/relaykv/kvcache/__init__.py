@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relaykv.kvcache.decode_loads import DecodeLoads, KVLoad
 from relaykv.kvcache.geometry import (
     PRESETS,
     Geometry,
@@ -10,5 +11,52 @@ from relaykv.kvcache.geometry import (
     parse_groups,
     preset,
 )
+from relaykv.kvcache.groups import FullAttentionGroup, GroupRules, SlidingWindowGroup, rules_for
+from relaykv.kvcache.hashing import TokenHashes, chain_hashes
+from relaykv.kvcache.invariants import assert_consistent, check_manager
+from relaykv.kvcache.lookup import LocalHit, find_longest_hit
+from relaykv.kvcache.manager import KVCacheManager
+from relaykv.kvcache.oracle import oracle_hit
+from relaykv.kvcache.pd_plan import PD_POLICIES, PDPlan, pd_plan, pd_slack_tokens
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, KVEvent
+from relaykv.kvcache.request import CacheRequest, CacheRole
+from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries
+from relaykv.kvcache.sizing import CacheSizing
+from relaykv.kvcache.stats import CacheStats
 
-__all__ = ["PRESETS", "Geometry", "GroupSpec", "cdiv", "parse_groups", "preset"]
+__all__ = [
+    "NULL_BLOCK",
+    "PD_POLICIES",
+    "PRESETS",
+    "BlockPool",
+    "CacheRequest",
+    "CacheRole",
+    "CacheSizing",
+    "CacheStats",
+    "DecodeLoads",
+    "FullAttentionGroup",
+    "Geometry",
+    "GroupRules",
+    "GroupSpec",
+    "KVCacheManager",
+    "KVEvent",
+    "KVLoad",
+    "LocalHit",
+    "PDPlan",
+    "Retention",
+    "SlidingWindowGroup",
+    "TokenHashes",
+    "assert_consistent",
+    "cdiv",
+    "chain_hashes",
+    "check_manager",
+    "find_longest_hit",
+    "oracle_hit",
+    "parse_groups",
+    "parse_retention",
+    "pd_plan",
+    "pd_slack_tokens",
+    "preset",
+    "replay_boundaries",
+    "rules_for",
+]

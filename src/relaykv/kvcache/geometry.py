@@ -60,8 +60,10 @@ class GroupSpec:
         return self.block_size * self.bytes_per_token
 
     def describe(self) -> str:
-        base = f"full(b={self.block_size})" if self.kind == "full" else (
-            f"sliding(b={self.block_size}, W={self.window})"
+        base = (
+            f"full(b={self.block_size})"
+            if self.kind == "full"
+            else (f"sliding(b={self.block_size}, W={self.window})")
         )
         return base + (" [draft]" if self.draft else "")
 
@@ -165,30 +167,36 @@ def parse_groups(text: str) -> tuple[GroupSpec, ...]:
 def _gpt_oss_like() -> Geometry:
     # Alternating full and sliding(W=128) layers, one block size; the EAGLE3 draft layer is
     # a full-attention layer, so it joins the full group (KVCACHE.md §1).
-    return Geometry((
-        GroupSpec("full", 16, draft=True, num_layers=12),
-        GroupSpec("sliding", 16, window=128, num_layers=12),
-    ))
+    return Geometry(
+        (
+            GroupSpec("full", 16, draft=True, num_layers=12),
+            GroupSpec("sliding", 16, window=128, num_layers=12),
+        )
+    )
 
 
 def _gemma3_like() -> Geometry:
     # 5 sliding(W=512) : 1 full; no draft model by default.
-    return Geometry((
-        GroupSpec("full", 16, num_layers=3),
-        GroupSpec("sliding", 16, window=512, num_layers=15),
-    ))
+    return Geometry(
+        (
+            GroupSpec("full", 16, num_layers=3),
+            GroupSpec("sliding", 16, window=512, num_layers=15),
+        )
+    )
 
 
 def _dsv4_like() -> Geometry:
     # One large-block full (compressed) group and sliding groups with different block sizes,
     # so A = 256 is much larger than the hash unit u = 4; the MTP/EAGLE draft lives in a
     # sliding group.
-    return Geometry((
-        GroupSpec("full", 256),
-        GroupSpec("sliding", 64, window=512, draft=True),
-        GroupSpec("sliding", 8, window=128),
-        GroupSpec("sliding", 4, window=8),
-    ))
+    return Geometry(
+        (
+            GroupSpec("full", 256),
+            GroupSpec("sliding", 64, window=512, draft=True),
+            GroupSpec("sliding", 8, window=128),
+            GroupSpec("sliding", 4, window=8),
+        )
+    )
 
 
 PRESETS = {

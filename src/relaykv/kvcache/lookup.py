@@ -1,0 +1,94 @@
+"""The exact hybrid lookup: the largest resume point every group can serve (KVCACHE.md §5).
+
+A resume point r is valid when r is a multiple of A, r <= N-1, and every group holds
+`needed(r)` (§4, EAGLE peek included). Full groups are downward closed, so they are looked up
+once; sliding groups are not, so each is asked for its largest valid point below the current
+candidate and the groups are intersected until the candidate stops shrinking. Every step keeps
+the true answer r* below the candidate (each group's answer is >= r* whenever the candidate
+is), and a fixed point is valid in every group, so the result equals r*: the brute-force
+oracle (`relaykv.kvcache.oracle`) checks this on random inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
+from relaykv.kvcache.request import CacheRequest
+
+
+@dataclass(slots=True)
+class LocalHit:
+    """A local prefix hit: resume at `tokens`, with the blocks each group reuses.
+
+    `blocks[g]` has one entry per block index below `tokens // b_g`; null entries sit below a
+    sliding window. `junction` is the longest shared prefix the full groups proved (aligned,
+    EAGLE rules applied) when it exceeds the hit: the windows there are worth keeping (§6).
+    """
+
+    tokens: int
+    blocks: list[list[int]]
+    junction: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(1 for table in self.blocks for b in table if b != NULL_BLOCK)
+
+
+def find_longest_hit(
+    req: CacheRequest, rules: tuple[GroupRules, ...], pool: BlockPool, cap: int | None = None
+) -> LocalHit:
+    """The exact local hit of `req` against `pool` (§5). `cap` defaults to N-1."""
+    n = req.num_tokens
+    cap = n - 1 if cap is None else min(cap, n - 1)
+    alignment = rules[0].alignment
+    cap = max(0, cap) // alignment * alignment
+    keys = [req.keys(g) for g in range(len(rules))]
+    maps = pool.maps
+
+    candidate = cap
+    proven_shared = None  # tokens the full groups proved shared with some cached prefix
+    for rule in rules:
+        if isinstance(rule, FullAttentionGroup):
+            matched = rule.matched_blocks(
+                keys[rule.index], maps[rule.index], cap // rule.block_size + rule.peek
+            )
+            shared = matched * rule.block_size
+            proven_shared = shared if proven_shared is None else min(proven_shared, shared)
+            candidate = min(candidate, rule.hit_from_matched(matched, cap))
+    sliding = [rule for rule in rules if not isinstance(rule, FullAttentionGroup)]
+    while candidate > 0:
+        shrunk = candidate
+        for rule in sliding:
+            shrunk = rule.longest_hit(keys[rule.index], maps[rule.index], shrunk)
+            if shrunk == 0:
+                break
+        if shrunk == candidate:
+            break
+        candidate = shrunk
+
+    blocks = []
+    for rule in rules:
+        gmap, gkeys = maps[rule.index], keys[rule.index]
+        count = candidate // rule.block_size
+        need = rule.needed(candidate)
+        start = need.start if candidate > 0 else 0
+        table = [NULL_BLOCK] * start + [gmap[gkeys[i]] for i in range(start, count)]
+        blocks.append(table)
+
+    junction = 0
+    if proven_shared is not None and proven_shared > candidate:
+        junction = _junction(rules, proven_shared, cap)
+        if junction <= candidate:
+            junction = 0
+    return LocalHit(candidate, blocks, junction)
+
+
+def _junction(rules: tuple[GroupRules, ...], shared: int, cap: int) -> int:
+    """Largest aligned r <= cap whose needs (peek blocks included) lie inside `shared`."""
+    limit = cap
+    for rule in rules:
+        limit = min(limit, shared - rule.peek * rule.block_size)
+    alignment = rules[0].alignment
+    return max(0, limit) // alignment * alignment

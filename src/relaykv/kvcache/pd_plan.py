@@ -1,0 +1,139 @@
+"""The P/D plan: which blocks a decode engine holds after receiving an N-token prompt (§7).
+
+ONE function, `pd_plan(geometry, policy, N)`, answers it. Everything else derives from its
+result, never from a formula of its own (KVCACHE.md §7: two separate computations disagree at
+some `N mod b`):
+
+* P's retention: P keeps exactly `held[g]` of each group until D has read it;
+* D's allocation: D's table for group g covers `held[g]` (nulls below it);
+* the transfer lists on both sides: `held[g]` minus what D reuses locally, paired by index;
+* the caching mask after a load: `cache_mask(g)` within `held[g]`;
+* sizing and admission: `slack_tokens` is the largest retention beyond the window over all N.
+
+After a full-prompt load D recomputes position N-1 (the full-prompt rule: logits come from the
+last prompt token), so its sliding groups need the window of N-1: positions `>= N-W`.
+
+| policy         | sliding blocks D holds                                                      |
+|----------------|-----------------------------------------------------------------------------|
+| `legacy`       | the window of N-1 only (vLLM 0.33's window, see below)                      |
+| `replay-slack` | draft sliding groups: A more tokens below the window counted from N         |
+| `exact`        | every sliding group: down to the lowest block any replay boundary needs     |
+| `per-group`    | the window of N-1; each block reused locally by hash or received (no common |
+|                | resume point, since D does not prefill)                                     |
+
+Full groups always hold `[0, cdiv(N, b))`.
+
+`legacy` reproduces vLLM 0.33.0's decode side (the hit collapse of §7), with one deliberate
+difference: 0.33.0 materializes positions `>= N-W+1`, which drops the block holding token N-W
+when `N-W+1` is a multiple of b although recomputing N-1 reads it (a wrong-output bug, see the
+vLLM reference §11). relaykv's legacy keeps that block, so every policy produces correct tokens
+and the comparison measures cache behaviour only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from relaykv.kvcache.geometry import Geometry, cdiv
+from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
+from relaykv.kvcache.retention import Retention, replay_boundaries, sliding_mask
+
+PD_POLICIES: tuple[str, ...] = ("legacy", "replay-slack", "exact", "per-group")
+
+
+@dataclass(frozen=True, slots=True)
+class PDPlan:
+    """What D holds per group after receiving an N-token prompt, and how it reuses it."""
+
+    policy: str
+    num_tokens: int
+    held: tuple[range, ...]
+    boundaries: tuple[int, ...]
+
+    @property
+    def common_resume(self) -> bool:
+        """D resumes all groups at one point found by the hybrid lookup (§5)."""
+        return self.policy != "per-group"
+
+    @property
+    def coalesces_loads(self) -> bool:
+        """Concurrent loads of the same blocks share one transfer (relaykv's policies only:
+        `legacy` and `replay-slack` reproduce systems that pull separately)."""
+        return self.policy in ("exact", "per-group")
+
+    def held_blocks(self) -> int:
+        return sum(len(r) for r in self.held)
+
+    def cache_mask(
+        self, rule: GroupRules, retention: Retention, junction: int = 0
+    ) -> set[int] | None:
+        """Block indices of group `rule` to hash after the load (None: every full one).
+
+        Under the common-resume policies the sliding groups keep the windows their retention
+        policy names, exactly as a colocated engine would; under `per-group` D's later
+        lookups are per block, so every received full block is worth a hash.
+        """
+        if not isinstance(rule, SlidingWindowGroup) or not self.common_resume:
+            return None
+        return sliding_mask(rule, retention, self.boundaries, junction, self.num_tokens)
+
+
+def pd_plan(geometry: Geometry, policy: str, num_tokens: int) -> PDPlan:
+    """The plan for a decode engine receiving a `num_tokens`-token prompt under `policy`."""
+    if policy not in PD_POLICIES:
+        raise ValueError(f"unknown P/D policy {policy!r}; choose from {', '.join(PD_POLICIES)}")
+    if num_tokens < 1:
+        raise ValueError("a P/D transfer needs a prompt of at least one token")
+    return _plan(geometry, policy, num_tokens)
+
+
+@lru_cache(maxsize=4096)
+def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
+    rules = rules_for(geometry)
+    boundaries = replay_boundaries(geometry, n, rules)
+    held = tuple(
+        range(_first_held_block(rule, geometry, policy, n, boundaries), cdiv(n, rule.block_size))
+        for rule in rules
+    )
+    return PDPlan(policy, n, held, boundaries)
+
+
+def _first_held_block(
+    rule: GroupRules, geometry: Geometry, policy: str, n: int, boundaries: tuple[int, ...]
+) -> int:
+    if not isinstance(rule, SlidingWindowGroup):
+        return 0
+    final_window = rule.window_start_block(n - 1)  # D recomputes N-1: positions >= N-W
+    if policy == "replay-slack" and rule.draft:
+        # The published fix: one alignment unit below the window counted from N (§7).
+        return min(
+            final_window, max(0, n - rule.window + 1 - geometry.alignment) // rule.block_size
+        )
+    if policy == "exact":
+        lowest = [rule.needed(r).start for r in boundaries]
+        return min([final_window, *lowest])
+    return final_window
+
+
+@lru_cache(maxsize=256)
+def pd_slack_tokens(geometry: Geometry, policy: str) -> tuple[int, ...]:
+    """Per group, the most tokens a plan retains below the standard window, over all N (§8).
+
+    A request that processed n tokens frees sliding blocks wholly below `n - W + 1 - slack`;
+    after a load D has processed N-1 tokens, so the slack that keeps `held[g]` is the
+    smallest s with `floor((N-W-s)/b) <= held[g].start`. The plan repeats with period A once
+    N exceeds the window by a few alignment units, so a finite scan finds the maximum.
+    """
+    rules = rules_for(geometry)
+    a = geometry.alignment
+    top = max((r.window for r in rules if isinstance(r, SlidingWindowGroup)), default=0) + 4 * a
+    slack = [0] * len(rules)
+    for n in range(1, top + a + 1):
+        plan = _plan(geometry, policy, n)
+        for rule in rules:
+            if isinstance(rule, SlidingWindowGroup):
+                b = rule.block_size
+                need = n - rule.window - plan.held[rule.index].start * b - b + 1
+                slack[rule.index] = max(slack[rule.index], need)
+    return tuple(slack)

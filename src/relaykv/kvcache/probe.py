@@ -1,0 +1,156 @@
+"""`cache-probe`: what will my hit be? The cache alone, no model (KVCACHE.md §5-§7).
+
+A prefill engine P prefills a prompt of N tokens and a decode engine D receives it under a P/D
+policy; then three follow-ups arrive, each prefilled on P and decoded on D: `resend` (the same
+prompt), `extension` (the prompt plus new tokens) and `sibling` (a shared prefix, then different
+tokens, same length). A colocated engine serves the same sequence for comparison. Every request
+goes through the real `KVCacheManager` exactly as the engine drives it; only the model compute is
+absent (no KV bytes exist, so "transfers" complete instantly).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from relaykv.kvcache.geometry import Geometry, cdiv
+from relaykv.kvcache.invariants import assert_consistent
+from relaykv.kvcache.manager import KVCacheManager
+from relaykv.kvcache.request import CacheRequest, CacheRole
+
+FOLLOW_UPS = ("resend", "extension", "sibling")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePrompts:
+    first: list[int]
+    resend: list[int]
+    extension: list[int]
+    sibling: list[int]
+
+    @classmethod
+    def make(
+        cls, n: int, extension_len: int, sibling_diverge: int, seed: int = 0, vocab: int = 32000
+    ) -> ProbePrompts:
+        rng = random.Random(seed)
+        first = [rng.randrange(vocab) for _ in range(n)]
+        extension = first + [rng.randrange(vocab) for _ in range(extension_len)]
+        keep = n - sibling_diverge
+        tail = [rng.randrange(vocab) for _ in range(sibling_diverge)]
+        if tail and tail[0] == first[keep]:
+            tail[0] = (tail[0] + 1) % vocab  # the sibling must diverge right at `keep`
+        return cls(first, list(first), extension, first[:keep] + tail)
+
+
+class _Engine:
+    """Drives one manager the way the engine's scheduler does, minus the model."""
+
+    def __init__(self, manager: KVCacheManager, name: str) -> None:
+        self.manager = manager
+        self.name = name
+        self._ids = 0
+
+    def _new(self, prompt: list[int], role: CacheRole) -> CacheRequest:
+        self._ids += 1
+        return self.manager.add_request(f"{self.name}-{self._ids}", prompt, role=role)
+
+    def compute(self, req: CacheRequest, start: int, end: int) -> None:
+        """Compute positions [start, end): allocate, then hash and slide after the step."""
+        m = self.manager
+        if not m.allocate(req, end):
+            raise RuntimeError(f"{self.name}: pool too small for the probe")
+        m.cache(req, end)
+        m.free_skipped(req, end)
+        assert_consistent(m)
+
+    def prefill(self, prompt: list[int], role: CacheRole) -> tuple[CacheRequest, int]:
+        m = self.manager
+        req = self._new(prompt, role)
+        hit = m.lookup(req)
+        m.stats.record_local(len(prompt), hit.tokens)
+        if not m.allocate(req, len(prompt), hit=hit):
+            raise RuntimeError(f"{self.name}: pool too small for the probe")
+        m.cache(req, hit.tokens)
+        self.compute(req, hit.tokens, len(prompt))
+        return req, hit.tokens
+
+    def decode_one(self, req: CacheRequest) -> None:
+        """Sample one token (max_tokens=1): no further KV is computed; finish."""
+        self.manager.append_tokens(req, [0])
+        self.manager.free(req)
+        assert_consistent(self.manager)
+
+
+def _engine_pair(
+    geometry: Geometry, policy: str, retention: str, blocks: int
+) -> tuple[_Engine, _Engine]:
+    def manager() -> KVCacheManager:
+        return KVCacheManager(geometry, blocks, retention=retention, pd_policy=policy, pd_role=True)
+
+    return _Engine(manager(), "P"), _Engine(manager(), "D")
+
+
+def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
+    longest = len(prompts.extension) + geometry.alignment
+    per_request = sum(cdiv(longest, g.block_size) for g in geometry.groups)
+    return 8 * per_request + 16  # never evicts: the probe measures reuse, not capacity
+
+
+def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -> dict[str, int]:
+    engine = _Engine(
+        KVCacheManager(geometry, _pool_blocks(geometry, prompts), retention=retention), "C"
+    )
+    req, _ = engine.prefill(prompts.first, CacheRole.COLOCATED)
+    engine.decode_one(req)
+    hits = {}
+    for name in FOLLOW_UPS:
+        req, hits[name] = engine.prefill(getattr(prompts, name), CacheRole.COLOCATED)
+        engine.decode_one(req)
+    return hits
+
+
+def probe_decode(
+    geometry: Geometry, policy: str, retention: str, prompts: ProbePrompts
+) -> dict[str, dict[str, int | list[int]]]:
+    p, d = _engine_pair(geometry, policy, retention, _pool_blocks(geometry, prompts))
+    out: dict[str, dict[str, int | list[int]]] = {}
+    for name in ("first_load", *FOLLOW_UPS):
+        prompt = prompts.first if name == "first_load" else getattr(prompts, name)
+        p_req, _ = p.prefill(prompt, CacheRole.PREFILL)
+        p_held = p.manager.hold_for_transfer(p_req)
+        d_req = d._new(prompt, CacheRole.DECODE)
+        load = d.manager.loads.begin(d_req)
+        if load is None:
+            raise RuntimeError("D: pool too small for the probe")
+        load.transfer_pairs(p_held)  # both sides derive the same lists from one plan
+        out[name] = {"local_tokens": load.local_tokens, "received_blocks": load.received_blocks()}
+        if load.needs_transfer:
+            d.manager.loads.finish(load, ok=True)
+        else:
+            d.manager.loads.settle_ready(load)
+        p.manager.free(p_req)  # D has read the blocks: P releases its lease
+        # D recomputes the last prompt token (full-prompt rule), then samples one token.
+        d.compute(d_req, len(prompt) - 1, len(prompt))
+        d.decode_one(d_req)
+        assert_consistent(p.manager)
+    return out
+
+
+def run_probe(
+    geometry: Geometry,
+    policy: str,
+    prompt_len: int,
+    *,
+    retention: str = "boundaries",
+    extension_len: int = 48,
+    sibling_diverge: int = 24,
+    seed: int = 0,
+) -> dict[str, object]:
+    prompts = ProbePrompts.make(prompt_len, extension_len, sibling_diverge, seed)
+    return {
+        "prompt_len": prompt_len,
+        "alignment": geometry.alignment,
+        "pd_policy": policy,
+        "colocated": probe_colocated(geometry, retention, prompts),
+        "decode": probe_decode(geometry, policy, retention, prompts),
+    }

@@ -1,0 +1,41 @@
+"""Hypothesis strategies for geometries and token sequences that share prefixes."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from relaykv.kvcache import Geometry, GroupSpec
+
+
+@st.composite
+def geometries(draw: st.DrawFn, max_groups: int = 3) -> Geometry:
+    n = draw(st.integers(1, max_groups))
+    groups = []
+    for _ in range(n):
+        block = draw(st.sampled_from([2, 4, 8]))
+        if draw(st.booleans()):
+            groups.append(GroupSpec("full", block))
+        else:
+            groups.append(GroupSpec("sliding", block, window=draw(st.integers(1, 24))))
+    draft = draw(st.one_of(st.none(), st.integers(0, n - 1)))
+    reuse = draw(st.sampled_from(["drop", "successor"]))
+    groups = [
+        GroupSpec(g.kind, g.block_size, window=g.window, draft=(i == draft))
+        for i, g in enumerate(groups)
+    ]
+    return Geometry(tuple(groups), eagle_reuse=reuse)
+
+
+@st.composite
+def related_prompts(draw: st.DrawFn, count: int = 4, max_len: int = 80) -> list[list[int]]:
+    """Prompts that share prefixes: each one extends or branches off an earlier one."""
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        tail = draw(st.lists(st.integers(0, 3), min_size=1, max_size=max_len))
+        if prompts and draw(st.booleans()):
+            base = draw(st.sampled_from(prompts))
+            keep = draw(st.integers(0, len(base)))
+            prompts.append((base[:keep] + tail)[:max_len] or [0])
+        else:
+            prompts.append(tail)
+    return prompts

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from array import array
+
+import numpy as np
+
+from relaykv.kvcache.hashing import SEED_HASH, TokenHashes, chain_hashes, token_bytes
+
+from .conftest import tokens
+
+
+def test_chain_is_a_prefix_fingerprint() -> None:
+    a = tokens(64, seed=1)
+    b = a[:32] + [x + 1 for x in a[32:]]
+    ha, hb = chain_hashes(token_bytes(a), 16), chain_hashes(token_bytes(b), 16)
+    assert ha[:2] == hb[:2] and ha[2] != hb[2] and ha[3] != hb[3]
+    # A later unit with equal tokens still differs: the parent is part of the hash.
+    c = [x + 1 for x in a[:16]] + a[16:]
+    assert chain_hashes(token_bytes(c), 16)[3] != ha[3]
+
+
+def test_only_full_units_are_hashed() -> None:
+    assert len(chain_hashes(token_bytes(tokens(47)), 16)) == 2
+
+
+def test_incremental_equals_batch() -> None:
+    t = tokens(200, seed=3)
+    inc = TokenHashes(8)
+    for start in range(0, 200, 13):
+        inc.extend(t[start : start + 13])
+    assert inc.hashes == chain_hashes(token_bytes(t), 8)
+
+
+def test_salt_changes_every_hash_but_only_mixes_into_the_first_unit() -> None:
+    t = tokens(48)
+    plain, salted, other = (
+        TokenHashes(16),
+        TokenHashes(16, salt="tenant-a"),
+        TokenHashes(16, salt="b"),
+    )
+    for h in (plain, salted, other):
+        h.extend(t)
+    assert all(x != y for x, y in zip(plain.hashes, salted.hashes, strict=True))
+    assert all(x != y for x, y in zip(salted.hashes, other.hashes, strict=True))
+    # Later units chain from the salted first hash without extra keys of their own.
+    assert salted.hashes[1:] == chain_hashes(token_bytes(t[16:]), 16, parent=salted.hashes[0])
+
+
+def test_token_representations_agree() -> None:
+    t = tokens(32)
+    assert token_bytes(t) == token_bytes(np.array(t)) == token_bytes(array("i", t))
+
+
+def test_hashes_are_identical_across_processes() -> None:
+    code = (
+        "from relaykv.kvcache.hashing import TokenHashes;"
+        "h=TokenHashes(16, salt='s'); h.extend(range(100)); print(h.hashes[-1].hex())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    h = TokenHashes(16, salt="s")
+    h.extend(range(100))
+    assert outs == {h.hashes[-1].hex() + "\n"}
+    assert len(SEED_HASH) == 16

@@ -1,0 +1,201 @@
+"""Manager flows: admission, skipping, retention, P/D holds and loads (KVCACHE.md §3-§8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaykv.kvcache import CacheRole, KVCacheManager, assert_consistent, pd_plan
+
+from .conftest import Driver, geometry, tokens
+
+
+def test_allocate_refuses_without_changing_anything() -> None:
+    m = KVCacheManager(geometry("full:16", "sliding:16:32"), 8)
+    d = Driver(m)
+    req = d.new(tokens(200))
+    before = m.pool.num_free
+    assert not m.allocate(req, 200)
+    assert m.pool.num_free == before and req.tables == [[], []]
+    assert_consistent(m)
+
+
+def test_must_fit_uses_the_sliding_cap() -> None:
+    # A 200-token prompt needs 13 full blocks but at most cdiv(31 + 16, 16) + 1 = 4 sliding
+    # blocks at a time (in-flight 16): 17 fit in a pool of 18 usable blocks.
+    m = KVCacheManager(geometry("full:16", "sliding:16:32"), 19, max_in_flight_tokens=16)
+    assert m.sizing.caps[1] == 4
+    req = m.add_request("a", tokens(200))
+    assert m.can_fit(req, 200)
+    assert m.allocate(req, 16, must_fit=200)
+    m2 = KVCacheManager(geometry("full:16", "sliding:16:32"), 17, max_in_flight_tokens=16)
+    assert not m2.can_fit(m2.add_request("a", tokens(200)), 200)
+
+
+def test_sliding_frees_follow_processed_tokens_and_keep_boundary_windows() -> None:
+    geo = geometry("full:16", "sliding:16:32")
+    m = KVCacheManager(geo, 64)
+    d = Driver(m)
+    req, _ = d.prefill(tokens(160), chunk=48)
+    # After 160 tokens the next position reads [129, 160]: sliding blocks 0..7 are free.
+    assert req.tables[1][:8] == [0] * 8 and all(req.tables[1][8:])
+    # Only the replay boundaries' windows were hashed (boundaries retention, §6).
+    hashed = [k for k, b in enumerate(m.requests[req.request_id].tables[0]) if b]
+    assert len(hashed) == 10
+    sliding_cached = {k for k in range(10) if req.keys(1)[k] in m.pool.maps[1]}
+    # Replay boundaries 144 (resend) and 160 (extension): windows [113, 144) and [129, 160).
+    assert sliding_cached == {7, 8, 9}
+    d.finish(req)
+
+
+def test_dense_and_interval_retention() -> None:
+    geo = geometry("full:16", "sliding:16:16")
+    for retention, expect in (("dense", set(range(10))), ("interval:64", {3, 7, 8, 9})):
+        m = KVCacheManager(geo, 64, retention=retention)
+        req, _ = Driver(m).prefill(tokens(160), chunk=32)
+        assert {k for k in range(10) if req.keys(1)[k] in m.pool.maps[1]} == expect, retention
+
+
+def test_preempted_request_resumes_from_its_own_cache() -> None:
+    m = KVCacheManager(geometry("full:16", "sliding:16:64"), 64)
+    d = Driver(m)
+    req, _ = d.prefill(tokens(300))
+    d.decode(req, 5)
+    m.free(req)  # preemption by recompute: blocks go back, hashes stay
+    again = m.add_request("again", list(req.tokens))
+    assert m.lookup(again).tokens > 0
+    assert_consistent(m)
+
+
+def test_prefill_role_holds_the_plan_and_frees_the_rest() -> None:
+    geo = geometry("full:16", "sliding:16:128", draft=1)
+    m = KVCacheManager(geo, 256, pd_policy="exact", pd_role=True)
+    d = Driver(m)
+    req, _ = d.prefill(tokens(1000), role=CacheRole.PREFILL, chunk=256)
+    held = m.hold_for_transfer(req)
+    plan = pd_plan(geo, "exact", 1000)
+    assert [[k for k, _ in g] for g in held] == [list(r) for r in plan.held]
+    assert m.pool.num_free == 255 - plan.held_blocks()
+    assert_consistent(m)
+    m.free(req)
+    assert m.pool.num_free == 255
+    assert_consistent(m)
+
+
+def test_prefill_hit_never_starts_above_the_plan_floor() -> None:
+    geo = geometry("full:16", "sliding:16:128", draft=1)
+    m = KVCacheManager(geo, 512, pd_policy="exact", pd_role=True)
+    d = Driver(m)
+    prompt = tokens(1008)
+    first, _ = d.prefill(prompt, role=CacheRole.PREFILL)
+    d.finish(first)
+    again, hit = d.prefill(prompt, role=CacheRole.PREFILL)
+    assert 0 < hit < 992  # the plan needs block 52 (window of 976): the hit stops lower
+    m.hold_for_transfer(again)  # raises if a planned block were missing
+
+
+def _pd(geo, policy="per-group", blocks=512):
+    p = KVCacheManager(geo, blocks, pd_policy=policy, pd_role=True)
+    d = KVCacheManager(geo, blocks, pd_policy=policy, pd_role=True)
+    return Driver(p), Driver(d)
+
+
+def test_received_blocks_are_hashed_only_on_completion() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _, d = _pd(geo)
+    prompt = tokens(300)
+    req = d.new(prompt, CacheRole.DECODE)
+    load = d.m.loads.begin(req)
+    assert load is not None and load.needs_transfer
+    sibling = d.m.add_request("sib", prompt)
+    assert d.m.lookup(sibling).tokens == 0  # nothing in flight is hittable
+    assert_consistent(d.m)
+    [settled] = d.m.loads.finish(load, ok=True)
+    assert settled is load and load.ok
+    assert d.m.lookup(sibling).tokens > 0
+    assert_consistent(d.m)
+
+
+def test_concurrent_loads_of_the_same_prefix_share_one_transfer() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _, d = _pd(geo)
+    x = tokens(512)
+    first = d.m.loads.begin(d.new(x + tokens(20, seed=1), CacheRole.DECODE))
+    second = d.m.loads.begin(d.new(x + tokens(20, seed=2), CacheRole.DECODE))
+    assert first is not None and second is not None
+    assert len(second.attached[0]) == 32  # all of x's full blocks
+    assert len(second.attached[1]) == 3  # x's part of the window of N-1 (blocks 29..31)
+    assert second.waits_on == {first}
+    assert len(second.receive[0]) == 2  # only its own tail in the full group
+    assert d.m.stats.loads_coalesced == 1
+    assert d.m.loads.finish(second, ok=True) == []  # still waits on the first transfer
+    settled = d.m.loads.finish(first, ok=True)
+    assert set(settled) == {first, second} and all(s.ok for s in settled)
+    assert_consistent(d.m)
+
+
+def test_failed_shared_load_fails_its_waiters_and_leaks_nothing() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _, d = _pd(geo)
+    x = tokens(512)
+    a, b = d.new([*x, 1], CacheRole.DECODE), d.new([*x, 2], CacheRole.DECODE)
+    first, second = d.m.loads.begin(a), d.m.loads.begin(b)
+    d.m.loads.finish(second, ok=True)
+    settled = d.m.loads.finish(first, ok=False)
+    assert {s.request.request_id for s in settled} == {a.request_id, b.request_id}
+    assert not any(s.ok for s in settled)
+    sibling = d.m.add_request("sib", [*x, 3])
+    assert d.m.lookup(sibling).tokens == 0  # the failed load published nothing
+    d.m.free(sibling)
+    d.finish(a)
+    d.finish(b)
+    assert d.m.pool.num_free == d.m.pool.num_usable
+    assert d.m.stats.loads_failed == 1
+
+
+def test_request_freed_mid_transfer_keeps_its_blocks_until_the_transfer_settles() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _, d = _pd(geo)
+    req = d.new(tokens(300), CacheRole.DECODE)
+    load = d.m.loads.begin(req)
+    d.m.free(req)
+    assert d.m.pool.num_free < d.m.pool.num_usable  # the transport may still write
+    assert_consistent(d.m)
+    assert d.m.loads.finish(load, ok=True) == []
+    assert d.m.pool.num_free == d.m.pool.num_usable
+    assert d.m.lookup(d.m.add_request("again", tokens(300))).tokens > 0  # valid KV published
+
+
+def test_load_refused_when_the_pool_is_full() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _, d = _pd(geo, blocks=10)
+    req = d.new(tokens(300), CacheRole.DECODE)
+    assert d.m.loads.begin(req) is None
+    assert req.tables == [[], []]
+    assert_consistent(d.m)
+
+
+def test_stats_sum_to_prompt_tokens() -> None:
+    geo = geometry("full:16", "sliding:16:64")
+    _p, d = _pd(geo)
+    prompt = tokens(300)
+    for _ in range(2):
+        req = d.new(prompt, CacheRole.DECODE)
+        load = d.m.loads.begin(req)
+        if load.needs_transfer:
+            d.m.loads.finish(load, ok=True)
+        else:
+            d.m.loads.settle_ready(load)
+        d.finish(req)
+    s = d.m.stats
+    assert s.tokens_local_compute + s.tokens_local_cache_hit + s.tokens_external_kv_transfer == 600
+    assert s.prefix_cache_queries == 600 and s.prefix_cache_hits == 288
+    assert s.external_prefix_cache_hits == 299 + 299 - 288
+
+
+def test_duplicate_request_id_rejected() -> None:
+    m = KVCacheManager(geometry("full:16"), 8)
+    m.add_request("a", [1, 2])
+    with pytest.raises(ValueError, match="already known"):
+        m.add_request("a", [1])
+    with pytest.raises(ValueError, match="at least one"):
+        m.add_request("b", [])
