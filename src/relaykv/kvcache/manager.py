@@ -226,13 +226,22 @@ class KVCacheManager:
             return
         self._release(req)
 
-    def _release(self, req: CacheRequest) -> None:
+    def preempt(self, req: CacheRequest) -> None:
+        """Release a running request's blocks for recompute; it stays registered, with its
+        tokens and hashes, so re-admission starts with a lookup of its own prefix."""
+        if req.load is not None:
+            raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
+        self._release(req, forget=False)
+
+    def _release(self, req: CacheRequest, forget: bool = True) -> None:
         blocks: list[int] = []
         for table in req.tables:
             blocks.extend(b for b in reversed(table) if b)
             table.clear()
+        req.num_cached_blocks = [0] * len(self.rules)
         self.pool.free(blocks)
-        self.requests.pop(req.request_id, None)
+        if forget:
+            self.requests.pop(req.request_id, None)
 
     # -- prefill side of P/D ---------------------------------------------------------------
     def hold_for_transfer(self, req: CacheRequest) -> list[list[tuple[int, int]]]:

@@ -1,0 +1,233 @@
+"""The synchronous engine: validate and add requests, step, produce outputs.
+
+`LLMEngine.step()` polls P/D transfers, asks the scheduler for a batch, runs it on the
+executor, commits the results, detokenizes, applies stop strings, and returns one
+`RequestOutput` per request that changed. Servers drive it from `AsyncEngine`'s thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaykv.engine.connector import KVConnector
+from relaykv.engine.detokenizer import Tokenizer, detokenize_new, find_stop
+from relaykv.engine.executor import Executor
+from relaykv.engine.metrics import EngineMetrics
+from relaykv.engine.params import InvalidRequest, SamplingParams
+from relaykv.engine.request import FinishReason, Request, RequestOutput
+from relaykv.engine.scheduler import Scheduler, SchedulerConfig
+from relaykv.kvcache import KVCacheManager
+from relaykv.steps import StepBatch
+
+ROLES = ("colocated", "prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    num_blocks: int
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    retention: str = "boundaries"
+    enable_prefix_caching: bool = True
+    role: str = "colocated"  # colocated | prefill | decode (P/D)
+    pd_policy: str = "per-group"
+    model_name: str = "relaykv"
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        executor: Executor,
+        config: EngineConfig,
+        *,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: Iterable[int] = (),
+        vocab_size: int | None = None,
+        connector: KVConnector | None = None,
+    ) -> None:
+        if config.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {config.role!r}")
+        self.executor = executor
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+        sched = config.scheduler
+        k = executor.num_speculative_tokens
+        self.manager = KVCacheManager(
+            executor.geometry,
+            config.num_blocks,
+            retention=config.retention,
+            pd_policy=config.pd_policy,
+            enable_caching=config.enable_prefix_caching,
+            max_model_len=sched.max_model_len,
+            max_in_flight_tokens=sched.max_num_batched_tokens + k,
+            pd_role=config.role != "colocated",
+        )
+        self.scheduler = Scheduler(sched, self.manager, k, connector, self.eos_token_ids)
+        self.connector = connector
+        self.metrics = EngineMetrics()
+        self.requests: dict[str, Request] = {}
+
+    # -- requests --------------------------------------------------------------------
+    def validate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> None:
+        """Raise `InvalidRequest` for anything the engine cannot serve (changes nothing)."""
+        if not prompt_ids:
+            raise InvalidRequest("prompt", "the prompt is empty")
+        for token in prompt_ids:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0 or (
+                self.vocab_size is not None and token >= self.vocab_size
+            ):
+                raise InvalidRequest("prompt", f"invalid token id {token!r} in the prompt")
+        params.validate(self.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop", "stop strings need a tokenizer; this model has none")
+        limit = self.config.scheduler.max_model_len
+        if len(prompt_ids) >= limit:
+            raise InvalidRequest(
+                "prompt",
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{len(prompt_ids)}",
+            )
+        remote_decode = bool(kv_transfer_params and kv_transfer_params.get("do_remote_decode"))
+        if len(prompt_ids) + (1 if remote_decode else params.max_tokens) > limit:
+            raise InvalidRequest(
+                "max_tokens",
+                f"this model's maximum context length is {limit} tokens; {len(prompt_ids)} "
+                f"prompt tokens + {params.max_tokens} max_tokens exceed it",
+            )
+        if self.manager.sizing.admission_blocks(len(prompt_ids)) > self.manager.pool.num_usable:
+            raise InvalidRequest("prompt", "the prompt does not fit in the KV cache of this engine")
+        if kv_transfer_params and kv_transfer_params.get("do_remote_prefill"):
+            if self.connector is None or self.config.role != "decode":
+                raise InvalidRequest("kv_transfer_params", "this engine does not receive KV")
+        if remote_decode and (self.connector is None or self.config.role != "prefill"):
+            raise InvalidRequest("kv_transfer_params", "this engine does not send KV")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        if request_id in self.requests:
+            raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
+        self.validate(prompt_ids, params, kv_transfer_params)
+        if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
+            # A prefill engine produces exactly one token; the decode engine does the rest.
+            params = SamplingParams(**{**_fields(params), "max_tokens": 1, "min_tokens": 0})
+        req = Request(request_id, list(prompt_ids), params, cache_salt, kv_transfer_params)
+        if arrival_time is not None:
+            req.arrival_time = arrival_time
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        self.metrics.prompt_tokens += len(prompt_ids)
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return False
+        self.scheduler.finished_now.append(req)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or bool(self.scheduler.finished_now)
+
+    # -- stepping --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        if scheduled:
+            result = self.executor.execute(StepBatch([s.work for s in scheduled]))
+            self.metrics.num_steps += 1
+            for out in result.sequences:
+                self.metrics.speculation(out.num_draft_tokens, out.num_accepted_tokens)
+            now = time.monotonic()
+            for req, new_tokens in self.scheduler.update(scheduled, result.sequences):
+                outputs.append(self._output(req, new_tokens, now))
+        for req in self.scheduler.finished_now:
+            outputs.append(self._output(req, [], now))
+        self.scheduler.finished_now.clear()
+        return [o for o in outputs if o.new_token_ids or o.finished or o.new_text]
+
+    def _output(self, req: Request, new_tokens: list[int], now: float) -> RequestOutput:
+        new_text = ""
+        if new_tokens:
+            self.metrics.generation_tokens += len(new_tokens)
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.metrics.ttft.observe(now - req.arrival_time)
+            elif req.last_token_time is not None:
+                self.metrics.itl.observe(now - req.last_token_time)
+            req.last_token_time = now
+            if self.tokenizer is not None:
+                new_text = self._text(req)
+        if req.finished and req.request_id in self.requests:
+            del self.requests[req.request_id]
+            self.metrics.finished(req.finish_reason.value if req.finish_reason else "abort")
+            self.metrics.e2e.observe(now - req.arrival_time)
+        logprobs = None
+        if req.params.logprobs and new_tokens:
+            logprobs = req.logprobs[len(req.logprobs) - len(new_tokens) :]
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            new_logprobs=logprobs,
+            finished=req.finished,
+            finish_reason=req.finish_reason.value if req.finish_reason else None,
+            stop_reason=req.stop_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens,
+            kv_transfer_params=req.kv_transfer_params if req.finished else None,
+            error=req.error,
+        )
+
+    def _text(self, req: Request) -> str:
+        assert self.tokenizer is not None
+        skip = self.eos_token_ids | frozenset(req.params.stop_token_ids)
+        new = detokenize_new(self.tokenizer, req, skip)
+        if not new:
+            return ""
+        before = len(req.text)
+        req.text += new
+        if req.params.stop and not req.finished:
+            found = find_stop(req.text, len(new), req.params.stop)
+            if found is not None:
+                at, stop = found
+                req.text = req.text[:at]
+                req.stop_reason = stop
+                self.scheduler.finish(req, FinishReason.STOP)
+        return req.text[before:] if len(req.text) > before else ""
+
+    # -- offline use -----------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Request]:
+        """Run prompts to completion (offline); returns the finished requests in order."""
+        plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        reqs = [
+            self.add_request(f"offline-{i}-{id(prompts)}", list(p), sp)
+            for i, (p, sp) in enumerate(zip(prompts, plist, strict=True))
+        ]
+        while self.has_unfinished():
+            self.step()
+        return reqs
+
+
+def _fields(params: SamplingParams) -> dict[str, Any]:
+    return {name: getattr(params, name) for name in params.__dataclass_fields__}

@@ -1,0 +1,335 @@
+"""Continuous batching with chunked prefill, prefix caching, preemption and speculation.
+
+Each step: running requests first (decode tokens, with their draft tokens, then the next chunk
+of prompts already started), then new requests in arrival order while the token budget
+(`max_num_batched_tokens`) and the request cap (`max_num_seqs`) allow. Admission looks the
+prompt up in the cache and applies the sizing rule of KVCACHE.md §8 (the whole prompt must
+fit under the per-group caps). When a running request cannot get blocks, the most recently
+admitted running request is preempted by recompute (its blocks return to the pool; its hashes
+stay, so it resumes from its own cached prefix).
+
+Token accounting follows `relaykv.steps`: a sampling entry commits `n + a` positions (its
+tokens and the accepted drafts); rejected drafts are rolled back simply by not counting them,
+and sliding-window frees only ever use committed (processed) positions (§6).
+
+On a decode engine (P/D) a request whose prompt KV comes from a prefill engine is admitted
+through `KVCacheManager.loads` and waits in WAITING_FOR_REMOTE_KV until its load settles; it
+then resumes at N-1 (the last prompt token is recomputed for its logits).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from relaykv.engine.connector import KVConnector
+from relaykv.engine.request import FinishReason, Request, RequestState
+from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
+from relaykv.steps import SequenceWork
+
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    kv_load_failure: str = "recompute"  # on a decode engine: recompute locally, or fail
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    request: Request
+    work: SequenceWork
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        manager: KVCacheManager,
+        num_speculative_tokens: int = 0,
+        connector: KVConnector | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        if config.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"kv_load_failure must be one of {KV_LOAD_FAILURE_POLICIES}")
+        self.config = config
+        self.manager = manager
+        self.k = num_speculative_tokens
+        self.connector = connector
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.loading: dict[str, Request] = {}
+        self.finished_now: list[Request] = []  # finished outside a step (aborts, failures)
+        self.num_preemptions = 0
+
+    # -- queue management ------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        role = CacheRole.COLOCATED
+        if req.is_prefill_only:
+            role = CacheRole.PREFILL
+        elif req.is_remote_prefill:
+            role = CacheRole.DECODE
+        req.cache = self.manager.add_request(req.request_id, req.prompt_ids, req.cache_salt, role)
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.loading)
+
+    def abort(self, request_id: str) -> Request | None:
+        for req in [*self.running, *self.waiting, *self.loading.values()]:
+            if req.request_id == request_id:
+                self.finish(req, FinishReason.ABORT)
+                return req
+        return None
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End a request and give its blocks back (or to the connector on a prefill engine)."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req.request_id in self.loading:
+            del self.loading[req.request_id]
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.state = RequestState.FINISHED
+        req.finish_reason = reason
+        req.error = error
+        req.draft_token_ids = []
+        assert req.cache is not None
+        held = (
+            self.connector is not None
+            and req.is_prefill_only
+            and reason in (FinishReason.LENGTH, FinishReason.STOP)
+            and req.num_computed_tokens >= req.num_prompt_tokens
+        )
+        if held:
+            assert self.connector is not None
+            params = self.connector.prefill_finished(req)
+            req.kv_transfer_params = params
+            if params is None:
+                self.manager.free(req.cache)
+        else:
+            self.manager.free(req.cache)
+
+    # -- scheduling ------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledSequence]:
+        self._settle_loads()
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req not in self.running:  # preempted by an earlier request of this loop
+                continue
+            item = self._schedule_running(req, budget)
+            if item is not None:
+                scheduled.append(item)
+                budget -= len(item.work.token_ids) + len(item.work.draft_token_ids)
+        while self.waiting and budget > 0:
+            if len(self.running) + len(self.loading) >= self.config.max_num_seqs:
+                break
+            req = self.waiting[0]
+            if req.is_remote_prefill:
+                if not self._admit_remote(req):
+                    break
+                continue
+            item = self._admit(req, budget)
+            if item is None:
+                break
+            scheduled.append(item)
+            budget -= len(item.work.token_ids)
+        return scheduled
+
+    def _work(self, req: Request, n: int, drafts: list[int]) -> SequenceWork:
+        start = req.num_computed_tokens
+        end = start + n
+        sample = end == req.num_tokens
+        next_token = req.token_at(end) if (not sample and self.k) else None
+        assert req.cache is not None
+        return SequenceWork(
+            request_id=req.request_id,
+            token_ids=req.tokens(start, end),
+            start_position=start,
+            block_tables=[list(t) for t in req.cache.tables],
+            sample=sample,
+            sampling=req.params.for_step(),
+            draft_token_ids=list(drafts),
+            next_token_id=next_token,
+        )
+
+    def _drafts_for(self, req: Request, n: int, budget: int) -> list[int]:
+        if not req.draft_token_ids or req.num_computed_tokens + n != req.num_tokens:
+            return []
+        room = min(
+            budget - n,
+            req.params.max_tokens - len(req.output_ids) - 1,
+            self.config.max_model_len - req.num_tokens - 1,
+        )
+        return req.draft_token_ids[: max(0, room)]
+
+    def _lookahead(self, req: Request, n: int) -> int:
+        """Slots the runner may write past the scheduled tokens (its draft proposals)."""
+        return self.k if req.num_computed_tokens + n == req.num_tokens else 0
+
+    def _schedule_running(self, req: Request, budget: int) -> ScheduledSequence | None:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if n <= 0:
+            return None
+        drafts = self._drafts_for(req, n, budget)
+        assert req.cache is not None
+        end = req.num_computed_tokens + n + len(drafts)
+        while not self.manager.allocate(req.cache, end, lookahead=self._lookahead(req, n)):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return None
+        return ScheduledSequence(req, self._work(req, n, drafts))
+
+    def _admit(self, req: Request, budget: int) -> ScheduledSequence | None:
+        assert req.cache is not None
+        hit = self.manager.lookup(req.cache)
+        n = min(req.num_tokens - hit.tokens, budget)
+        req.num_computed_tokens = hit.tokens
+        ok = self.manager.allocate(
+            req.cache, hit.tokens + n, hit=hit, lookahead=self._lookahead(req, n),
+            must_fit=min(req.num_tokens, self.config.max_model_len),
+        )
+        if not ok:
+            req.num_computed_tokens = 0
+            return None
+        self.manager.stats.record_local(req.num_tokens, hit.tokens, preempted=req.admitted)
+        if not req.admitted:
+            req.num_cached_tokens = hit.tokens
+        req.admitted = True
+        self.waiting.popleft()
+        req.state = RequestState.RUNNING
+        self.running.append(req)
+        return ScheduledSequence(req, self._work(req, n, []))
+
+    def _preempt(self, req: Request) -> None:
+        assert req.cache is not None
+        self.running.remove(req)
+        self.manager.preempt(req.cache)
+        req.num_computed_tokens = 0
+        req.draft_token_ids = []
+        req.num_preemptions += 1
+        req.state = RequestState.WAITING
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- decode side of P/D ----------------------------------------------------------------
+    def _admit_remote(self, req: Request) -> bool:
+        assert req.cache is not None
+        load = self.manager.loads.begin(req.cache)
+        if load is None:
+            return False
+        self.waiting.popleft()
+        req.admitted = True
+        req.load = load
+        req.num_cached_tokens = load.local_tokens
+        req.num_external_tokens = max(0, req.num_prompt_tokens - 1 - load.local_tokens)
+        req.state = RequestState.WAITING_FOR_REMOTE_KV
+        self.loading[req.request_id] = req
+        if load.needs_transfer:
+            if self.connector is None:
+                raise RuntimeError("a remote-prefill request reached an engine without a connector")
+            self.connector.start_load(req, load)
+        elif self.manager.loads.settle_ready(load):
+            self._loaded(req, ok=True)
+        return True
+
+    def _settle_loads(self) -> None:
+        if self.connector is None:
+            return
+        for load, ok in self.connector.poll():
+            for settled in self.manager.loads.finish(load, ok):
+                req = self.loading.get(settled.request.request_id)
+                if req is not None:
+                    self._loaded(req, settled.ok)
+
+    def _loaded(self, req: Request, ok: bool) -> None:
+        del self.loading[req.request_id]
+        req.load = None
+        assert req.cache is not None
+        if ok:
+            # Full-prompt rule: recompute the last prompt token for its logits (§7).
+            req.num_computed_tokens = req.num_prompt_tokens - 1
+            self.manager.free_skipped(req.cache, req.num_computed_tokens)
+            req.state = RequestState.RUNNING
+            self.running.append(req)
+            return
+        if self.config.kv_load_failure == "fail":
+            self.loading[req.request_id] = req  # so finish() finds it
+            self.finish(req, FinishReason.ERROR, "KV transfer from the prefill engine failed")
+            self.finished_now.append(req)
+            return
+        # Recompute locally: forget the remote prompt KV and prefill here like a colocated
+        # request (whatever D holds locally is still found by the lookup).
+        self.manager.free(req.cache)
+        req.kv_transfer_params = None
+        req.num_computed_tokens = 0
+        req.num_external_tokens = 0
+        req.cache = self.manager.add_request(req.request_id, req.prompt_ids, req.cache_salt)
+        req.state = RequestState.WAITING
+        self.waiting.appendleft(req)
+
+    # -- after a step ------------------------------------------------------------------
+    def update(
+        self, scheduled: list[ScheduledSequence], outputs: list
+    ) -> list[tuple[Request, list[int]]]:
+        """Commit a step: advance positions, append sampled tokens up to a stop condition,
+        hash what was written and slide the windows; finish requests that stopped.
+
+        Returns each request with its newly appended tokens. Stop strings need text and are
+        the engine's (it calls `finish`).
+        """
+        produced: list[tuple[Request, list[int]]] = []
+        for item, out in zip(scheduled, outputs, strict=True):
+            req, work = item.request, item.work
+            if req.finished or req not in self.running:
+                continue  # aborted or preempted while the step ran
+            assert req.cache is not None
+            new_tokens: list[int] = []
+            stop: tuple[FinishReason, int | None] | None = None
+            if work.sample:
+                accepted = out.num_accepted_tokens
+                req.num_computed_tokens = work.start_position + len(work.token_ids) + accepted
+                for token in out.token_ids:
+                    req.output_ids.append(token)
+                    new_tokens.append(token)
+                    stop = self._stop_condition(req, token)
+                    if stop is not None:
+                        break
+                if out.logprobs:
+                    req.logprobs.extend(out.logprobs[: len(new_tokens)])
+                req.draft_token_ids = [] if stop else list(out.draft_token_ids)
+            else:
+                req.num_computed_tokens = work.start_position + len(work.token_ids)
+            if new_tokens:
+                self.manager.append_tokens(req.cache, new_tokens)
+            self.manager.cache(req.cache, req.num_computed_tokens)
+            self.manager.free_skipped(req.cache, req.num_computed_tokens)
+            if stop is not None:
+                req.stop_reason = stop[1]
+                self.finish(req, stop[0])
+            produced.append((req, new_tokens))
+        return produced
+
+    def _stop_condition(self, req: Request, token: int) -> tuple[FinishReason, int | None] | None:
+        params = req.params
+        if len(req.output_ids) >= params.min_tokens:
+            if token in params.stop_token_ids:
+                return FinishReason.STOP, token
+            if token in self.eos_token_ids and not params.ignore_eos:
+                return FinishReason.STOP, None
+        if len(req.output_ids) >= params.max_tokens:
+            return FinishReason.LENGTH, None
+        if req.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH, None
+        return None
