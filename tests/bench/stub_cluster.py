@@ -43,6 +43,8 @@ class EngineState:
     behaviour: Callable[[int, dict], str] = lambda n, body: "ok"
     blocks: set[tuple[int, ...]] = field(default_factory=set)
     received: list[dict] = field(default_factory=list)
+    inflight: int = 0
+    max_inflight: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -94,6 +96,24 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
         return web.json_response(cluster())
 
     async def generate(request: web.Request) -> web.StreamResponse:
+        # in flight = from arrival until just before [DONE] (a client waits for [DONE]
+        # before it may send its next request)
+        state.inflight += 1
+        state.max_inflight = max(state.max_inflight, state.inflight)
+        done = False
+
+        def finished() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                state.inflight -= 1
+
+        try:
+            return await _generate(request, finished)
+        finally:
+            finished()
+
+    async def _generate(request: web.Request, finished: Callable[[], None]) -> web.StreamResponse:
         body = await request.json()
         n = counter["n"]
         counter["n"] += 1
@@ -127,6 +147,7 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
                  "total_tokens": len(ids) + max_tokens,
                  "prompt_tokens_details": {"cached_tokens": local}}
         await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        finished()
         if mode != "no_done":
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
