@@ -223,11 +223,11 @@ def main() -> int:
     state = EngineState(publish=args.pd_policy == "per-group",
                         ttft_per_external_token_s=args.ttft_per_token)
     server = ServerThread(state)
-    print("stub up: starting engines (a log line before the JSON)", flush=True)
-    print(json.dumps({"router": server.url, "prefill": [], "decode": [server.url]}), flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print("stub up: starting engines (a log line before the JSON)", flush=True)
+    print(json.dumps({"router": server.url, "prefill": [], "decode": [server.url]}), flush=True)
     stop.wait()
     server.stop()
     print("stub up: stopped", flush=True)

@@ -51,6 +51,14 @@ class Row:
     candidates: dict[str, float | None]
     change_pct: dict[str, float | None]
     spread_pct: float | None
+    integer: bool = False  # counts: shown without decimals
+
+
+def is_count(metric: str) -> bool:
+    """Request counts, token counters and byte counters (integers, unlike rates)."""
+    return metric in ("completed", "failed", "requests_ok") or metric.endswith(
+        ("_tokens", "_received", "_sent")
+    )
 
 
 def run_values(run: dict[str, Any]) -> dict[tuple[str, str], tuple[str, float | None]]:
@@ -116,14 +124,15 @@ def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
             baseline=by_config.get(baseline), candidates=candidates,
             change_pct={c: change_pct(by_config.get(baseline), v) for c, v in candidates.items()},
             spread_pct=spread_pct(base_runs),
+            integer=is_count(metric),
         ))
     return rows
 
 
-def fmt_value(value: float | None) -> str:
+def fmt_value(value: float | None, integer: bool = False) -> str:
     if value is None:
         return "n/a"
-    if value == int(value):
+    if integer and value == int(value):
         return f"{int(value):,}"
     return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}"
 
@@ -145,10 +154,10 @@ def markdown_table(rows: list[Row], runs: list[dict[str, Any]], baseline: str) -
     header.append(spread_title)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row.group, row.name, *(fmt_value(v) for v in row.values.values()),
-                 fmt_value(row.baseline)]
+        cells = [row.group, row.name, *(fmt_value(v, row.integer) for v in row.values.values()),
+                 fmt_value(row.baseline, row.integer)]
         for cand in candidates:
-            cells += [fmt_value(row.candidates[cand]), fmt_pct(row.change_pct[cand])]
+            cells += [fmt_value(row.candidates[cand], row.integer), fmt_pct(row.change_pct[cand])]
         cells.append(fmt_pct(row.spread_pct, signed=False))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
