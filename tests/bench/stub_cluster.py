@@ -43,6 +43,7 @@ class EngineState:
     behaviour: Callable[[int, dict], str] = lambda n, body: "ok"
     blocks: set[tuple[int, ...]] = field(default_factory=set)
     received: list[dict] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)
     inflight: int = 0
     max_inflight: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -118,6 +119,7 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
         n = counter["n"]
         counter["n"] += 1
         state.received.append(body)
+        state.auth.append(request.headers.get("Authorization"))
         mode = state.behaviour(n, body)
         if mode == "http_error":
             return web.json_response({"error": {"message": "stub failure", "code": 500}},
@@ -183,7 +185,7 @@ class ServerThread:
         self.runner = web.AppRunner(make_app(self.state, lambda: self._cluster()),
                                     handle_signals=False, shutdown_timeout=0.2)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0, shutdown_timeout=0.2)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
         port = self.runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"

@@ -137,6 +137,16 @@ def test_bad_flags_exit_2_naming_the_flag(
     assert server.state.received == []
 
 
+def test_api_key_flag_and_environment(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    assert bench(server, *PREFIX_REP, "--num-prompts", "1", "--prefix-repetition-num-prefixes",
+                 "1") == 0
+    assert bench(server, *PREFIX_REP, "--num-prompts", "1", "--api-key", "from-flag") == 0
+    assert server.state.auth == ["Bearer from-env", "Bearer from-flag"]
+
+
 def test_unreachable_server_without_model_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
     assert rc == 1
