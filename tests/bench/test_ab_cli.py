@@ -78,4 +78,7 @@ def test_bad_flags_exit_2_before_starting_anything(
     assert main(["bench", "ab", "--configs", "a=", "b=", "--num-prefixes", "5",
                  "--groups", "c1/output1:2", "--output-dir", str(tmp_path / "x")]) == 2
     assert "--num-prefixes" in capsys.readouterr().err
+    assert main(["bench", "ab", "--configs", "a=", "b=", "--up-cmd", "relaykv 'up",
+                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--up-cmd" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

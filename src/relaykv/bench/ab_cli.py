@@ -166,6 +166,13 @@ def check_workload(args: argparse.Namespace, workload: Workload) -> None:
                              f"than --num-prefixes {args.num_prefixes} (0 requests)")
     if args.probe:
         probe_prompts(args.probe_prefix_len, args.probe_suffix_len, 2, 0)
+    try:
+        if not shlex.split(args.up_cmd):
+            raise ValueError("--up-cmd is empty")
+    except ValueError as exc:
+        raise ValueError(f"--up-cmd: {exc}") from None
+    if not (args.up_timeout > 0 and args.stop_timeout > 0 and args.request_timeout > 0):
+        raise ValueError("--up-timeout, --stop-timeout and --request-timeout must be > 0")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ the deltas say where D's prompt tokens came from: its local prefix cache, an ext
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ from relaykv.bench.engine_counters import (
     fetch_cluster,
     scrape_counters,
 )
+from relaykv.bench.outcome import RequestOutcome
 from relaykv.bench.runner import new_session
 
 PHASES: tuple[str, ...] = ("first_load", "serial", "overlap")
@@ -103,9 +104,9 @@ async def run_probe(
     sent: dict[str, int] = {}
     async with new_session(None) as session:
 
-        async def phase(name: str, send: Callable[[], object]) -> None:
+        async def phase(name: str, send: Callable[[], Awaitable[list[RequestOutcome]]]) -> None:
             before = await scrape_counters(cluster.decode)
-            outcomes = await send()  # type: ignore[misc]
+            outcomes = await send()
             if settle_s > 0:
                 await asyncio.sleep(settle_s)  # let engines publish the last step's stats
             after = await scrape_counters(cluster.decode)
@@ -115,14 +116,14 @@ async def run_probe(
             sent[name] = len(outcomes)
             log(f"phase {name}: {sum(o.success for o in outcomes)}/{len(outcomes)} ok")
 
-        async def first_load() -> list:
+        async def first_load() -> list[RequestOutcome]:
             return [await send_request(session, target, xa)]
 
-        async def serial() -> list:
+        async def serial() -> list[RequestOutcome]:
             first = await send_request(session, target, xa)
             return [first, await send_request(session, target, xb)]
 
-        async def overlap() -> list:
+        async def overlap() -> list[RequestOutcome]:
             return list(await asyncio.gather(
                 send_request(session, target, xa), send_request(session, target, xb)
             ))
@@ -133,7 +134,7 @@ async def run_probe(
 
 
 def _phase_result(
-    name: str, delta: Counters, outcomes: list, missing: set[str]
+    name: str, delta: Counters, outcomes: list[RequestOutcome], missing: set[str]
 ) -> PhaseResult:
     values: dict[str, int] = {}
     for key in REPORTED:
