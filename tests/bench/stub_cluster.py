@@ -122,8 +122,9 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
         state.auth.append(request.headers.get("Authorization"))
         mode = state.behaviour(n, body)
         if mode == "http_error":
-            return web.json_response({"error": {"message": "stub failure", "code": 500}},
-                                     status=500)
+            return web.json_response(
+                {"error": {"message": "stub failure", "code": 500}}, status=500
+            )
         ids = _prompt_ids(body)
         local, external = state.admit(ids)
         chat = "messages" in body
@@ -141,13 +142,19 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
                 await response.write(b"data: {not json\n\n")
             if mode == "error_event" and i == 1:
                 await response.write(b'data: {"error": {"message": "engine died"}}\n\n')
-            choice = ({"index": 0, "delta": {"content": f"t{i} "}} if chat
-                      else {"index": 0, "text": f"t{i} "})
+            choice = (
+                {"index": 0, "delta": {"content": f"t{i} "}}
+                if chat
+                else {"index": 0, "text": f"t{i} "}
+            )
             await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
             await asyncio.sleep(state.token_delay_s)
-        usage = {"prompt_tokens": len(ids), "completion_tokens": max_tokens,
-                 "total_tokens": len(ids) + max_tokens,
-                 "prompt_tokens_details": {"cached_tokens": local}}
+        usage = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": max_tokens,
+            "total_tokens": len(ids) + max_tokens,
+            "prompt_tokens_details": {"cached_tokens": local},
+        }
         await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         finished()
         if mode != "no_done":
@@ -167,11 +174,13 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
 class ServerThread:
     """One stub server on 127.0.0.1, on its own event loop in a daemon thread."""
 
-    def __init__(self, state: EngineState | None = None,
-                 cluster: Callable[[], dict] | None = None) -> None:
+    def __init__(
+        self, state: EngineState | None = None, cluster: Callable[[], dict] | None = None
+    ) -> None:
         self.state = state or EngineState()
-        self._cluster = cluster or (lambda: {"router": self.url, "prefill": [],
-                                             "decode": [self.url]})
+        self._cluster = cluster or (
+            lambda: {"router": self.url, "prefill": [], "decode": [self.url]}
+        )
         self.loop = asyncio.new_event_loop()
         self.url = ""
         ready = threading.Event()
@@ -182,8 +191,11 @@ class ServerThread:
 
     def _serve(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(make_app(self.state, lambda: self._cluster()),
-                                    handle_signals=False, shutdown_timeout=0.2)
+        self.runner = web.AppRunner(
+            make_app(self.state, lambda: self._cluster()),
+            handle_signals=False,
+            shutdown_timeout=0.2,
+        )
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -222,8 +234,9 @@ def main() -> int:
     if args.fail_start:
         print("stub up: refusing to start", file=sys.stderr)
         return 3
-    state = EngineState(publish=args.pd_policy == "per-group",
-                        ttft_per_external_token_s=args.ttft_per_token)
+    state = EngineState(
+        publish=args.pd_policy == "per-group", ttft_per_external_token_s=args.ttft_per_token
+    )
     server = ServerThread(state)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

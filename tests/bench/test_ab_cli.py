@@ -16,10 +16,28 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def ab(out: Path, *extra: str) -> int:
-    return main(["bench", "ab", "--configs", "legacy=--pd-policy legacy",
-                 "per-group=--pd-policy per-group", "--up-cmd", STUB_UP,
-                 "--groups", "c1/output1:3", "c2/output4:4", "--prefix-len", "64",
-                 "--suffix-len", "16", "--output-dir", str(out), "--disable-tqdm", *extra])
+    return main(
+        [
+            "bench",
+            "ab",
+            "--configs",
+            "legacy=--pd-policy legacy",
+            "per-group=--pd-policy per-group",
+            "--up-cmd",
+            STUB_UP,
+            "--groups",
+            "c1/output1:3",
+            "c2/output4:4",
+            "--prefix-len",
+            "64",
+            "--suffix-len",
+            "16",
+            "--output-dir",
+            str(out),
+            "--disable-tqdm",
+            *extra,
+        ]
+    )
 
 
 def test_aba_writes_tables_plots_and_results(
@@ -34,7 +52,10 @@ def test_aba_writes_tables_plots_and_results(
     assert (tmp_path / "ab_table.md").read_text().startswith("| Group | Metric |")
     runs = json.loads((tmp_path / "ab_runs.json").read_text())["runs"]
     assert [(r["label"], r["config"]) for r in runs] == [
-        ("A1", "legacy"), ("B1", "per-group"), ("A2", "legacy")]
+        ("A1", "legacy"),
+        ("B1", "per-group"),
+        ("A2", "legacy"),
+    ]
     assert runs[1]["command"].endswith("--json --pd-policy per-group")
     assert sorted(p.name for p in (tmp_path / "results").iterdir())[0] == "A1-c1_output1.json"
 
@@ -61,8 +82,22 @@ def test_aba_writes_tables_plots_and_results(
 def test_a_failing_up_command_stops_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["bench", "ab", "--configs", "a=--fail-start", "b=", "--up-cmd", STUB_UP,
-               "--groups", "c1/output1:1", "--output-dir", str(tmp_path), "--disable-tqdm"])
+    rc = main(
+        [
+            "bench",
+            "ab",
+            "--configs",
+            "a=--fail-start",
+            "b=",
+            "--up-cmd",
+            STUB_UP,
+            "--groups",
+            "c1/output1:1",
+            "--output-dir",
+            str(tmp_path),
+            "--disable-tqdm",
+        ]
+    )
     assert rc == 1
     out = capsys.readouterr().out
     assert "run A1 (a) failed" in out and "status 3" in out
@@ -72,13 +107,57 @@ def test_a_failing_up_command_stops_the_run(
 def test_bad_flags_exit_2_before_starting_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "ab", "--configs", "a=", "b=", "--groups", "c1/output1",
-                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "ab",
+                "--configs",
+                "a=",
+                "b=",
+                "--groups",
+                "c1/output1",
+                "--output-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "--groups" in capsys.readouterr().err
-    assert main(["bench", "ab", "--configs", "a=", "b=", "--num-prefixes", "5",
-                 "--groups", "c1/output1:2", "--output-dir", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "ab",
+                "--configs",
+                "a=",
+                "b=",
+                "--num-prefixes",
+                "5",
+                "--groups",
+                "c1/output1:2",
+                "--output-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "--num-prefixes" in capsys.readouterr().err
-    assert main(["bench", "ab", "--configs", "a=", "b=", "--up-cmd", "relaykv 'up",
-                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "ab",
+                "--configs",
+                "a=",
+                "b=",
+                "--up-cmd",
+                "relaykv 'up",
+                "--output-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "--up-cmd" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

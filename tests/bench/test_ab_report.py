@@ -11,17 +11,32 @@ from relaykv.bench.ab_workload import parse_group
 
 def record(label: str, config: str, throughput: float, local_hits: float | None) -> dict:
     return {
-        "label": label, "config": config,
-        "probe": {"phases": [{"name": "serial", "local_hit_tokens": 0 if config == "a" else 64,
-                              "external_hit_tokens": 64, "kv_bytes_received": 6400,
-                              "requests_ok": 2}]},
-        "groups": [{
-            "group": "c1/output1",
-            "result": {"request_throughput": throughput, "mean_ttft_ms": 10.0 / throughput,
-                       "completed": 8, "failed": 0,
-                       "cache_report": {"cache_hit_rate_pct": 50.0}},
-            "counters": {"decode": {"local_hit_tokens": local_hits}, "prefill": {}},
-        }],
+        "label": label,
+        "config": config,
+        "probe": {
+            "phases": [
+                {
+                    "name": "serial",
+                    "local_hit_tokens": 0 if config == "a" else 64,
+                    "external_hit_tokens": 64,
+                    "kv_bytes_received": 6400,
+                    "requests_ok": 2,
+                }
+            ]
+        },
+        "groups": [
+            {
+                "group": "c1/output1",
+                "result": {
+                    "request_throughput": throughput,
+                    "mean_ttft_ms": 10.0 / throughput,
+                    "completed": 8,
+                    "failed": 0,
+                    "cache_report": {"cache_hit_rate_pct": 50.0},
+                },
+                "counters": {"decode": {"local_hit_tokens": local_hits}, "prefill": {}},
+            }
+        ],
     }
 
 
@@ -57,16 +72,19 @@ def test_change_and_spread_edge_cases() -> None:
 def test_markdown_table_columns() -> None:
     text = markdown_table(build_rows(RUNS, "a"), RUNS, "a")
     header = text.splitlines()[0]
-    assert header == ("| Group | Metric | A1 a | B1 b | A2 a | Baseline (a) | b | Change (b) "
-                      "| A1/A2 spread |")
-    assert ("| c1/output1 | Request throughput (req/s) | 1.000 | 2.000 | 1.200 | 1.100 | 2.000 "
-            "| +81.8% | 18.2% |") in text
+    assert header == (
+        "| Group | Metric | A1 a | B1 b | A2 a | Baseline (a) | b | Change (b) | A1/A2 spread |"
+    )
+    assert (
+        "| c1/output1 | Request throughput (req/s) | 1.000 | 2.000 | 1.200 | 1.100 | 2.000 "
+        "| +81.8% | 18.2% |"
+    ) in text
     assert "| c1/output1 | D local hit tokens | 0 | 100 | 0 | 0 | 100 | n/a | 0.0% |" in text
     assert "| probe/serial | Probe requests ok | 2 | 2 | 2 | 2 | 2 | +0.0% | 0.0% |" in text
 
 
 def test_flag_parsers() -> None:
-    configs = parse_configs(['legacy=--pd-policy legacy', 'new=--pd-policy "per group"'])
+    configs = parse_configs(["legacy=--pd-policy legacy", 'new=--pd-policy "per group"'])
     assert configs == {"legacy": ["--pd-policy", "legacy"], "new": ["--pd-policy", "per group"]}
     assert parse_order("A/B/A", ["legacy", "new"]) == ["legacy", "new", "legacy"]
     assert parse_order("new,legacy", ["legacy", "new"]) == ["new", "legacy"]

@@ -46,9 +46,15 @@ async def test_payload_shape(server: ServerThread) -> None:
     t = target(server, sampling={"temperature": 0.0}, ignore_eos=True)
     await send(t, SampleRequest([1, 2, 3], 2))
     body = server.state.received[-1]
-    assert body == {"model": "stub-model", "prompt": [1, 2, 3], "max_tokens": 2, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True,
-                    "temperature": 0.0}
+    assert body == {
+        "model": "stub-model",
+        "prompt": [1, 2, 3],
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
 
 
 async def test_chat_endpoint_sends_messages(server: ServerThread) -> None:
@@ -85,9 +91,11 @@ async def test_close_delimited_stream_cut_short_fails() -> None:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     b"Connection: close\r\n\r\n"
-                     b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Connection: close\r\n\r\n"
+            b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'
+        )
         await writer.drain()
         writer.close()
 
@@ -107,8 +115,10 @@ async def test_connection_refused_is_a_failure() -> None:
     port = server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-    out = await send(ApiTarget(api_url=f"http://127.0.0.1:{port}/v1/completions", model="m"),
-                     SampleRequest([1], 1))
+    out = await send(
+        ApiTarget(api_url=f"http://127.0.0.1:{port}/v1/completions", model="m"),
+        SampleRequest([1], 1),
+    )
     assert not out.success and "ClientConnectorError" in out.error
 
 
@@ -116,10 +126,12 @@ async def test_run_counts_failures_and_caps_concurrency() -> None:
     modes = {2: "http_error", 5: "drop", 7: "bad_chunk"}
     state = EngineState(token_delay_s=0.003, behaviour=lambda n, body: modes.get(n, "ok"))
     with ServerThread(state) as srv:
-        reqs = prefix_repetition_requests(12, 1000, prefix_len=32, suffix_len=8, num_prefixes=1,
-                                          output_len=4)
-        run = await run_requests(target(srv), reqs, LoadShape(max_concurrency=3, num_warmups=1),
-                                 progress=False)
+        reqs = prefix_repetition_requests(
+            12, 1000, prefix_len=32, suffix_len=8, num_prefixes=1, output_len=4
+        )
+        run = await run_requests(
+            target(srv), reqs, LoadShape(max_concurrency=3, num_warmups=1), progress=False
+        )
     assert len(run.warmup_outcomes) == 1 and run.warmup_outcomes[0].success
     assert len(run.outcomes) == 12
     assert sum(o.success for o in run.outcomes) == 9  # n = 2, 5, 7 failed (n = 0 was warmup)
@@ -141,8 +153,9 @@ async def test_max_concurrency_is_respected() -> None:
 async def test_poisson_arrivals_spread_requests_out() -> None:
     with ServerThread(EngineState()) as srv:
         reqs = [SampleRequest([1, 2, 3], 1) for _ in range(5)]
-        run = await run_requests(target(srv), reqs, LoadShape(request_rate=50.0, seed=1),
-                                 progress=False)
+        run = await run_requests(
+            target(srv), reqs, LoadShape(request_rate=50.0, seed=1), progress=False
+        )
     starts = sorted(o.start_time for o in run.outcomes)
     planned = arrival_offsets(5, 50.0, 1.0, seed=1)
     assert starts[-1] - starts[0] == pytest.approx(planned[-1] - planned[0], abs=0.03)

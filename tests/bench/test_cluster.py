@@ -32,19 +32,26 @@ def test_exit_before_the_json_line_is_an_error_with_the_log_tail(tmp_path: Path)
 
 
 def test_no_json_line_in_time_is_an_error_and_the_process_is_stopped(tmp_path: Path) -> None:
-    cluster = ClusterProcess([sys.executable, "-c", "import time; print('hi'); time.sleep(60)"],
-                             tmp_path / "up.log", ready_timeout_s=0.5, stop_timeout_s=5)
+    cluster = ClusterProcess(
+        [sys.executable, "-c", "import time; print('hi'); time.sleep(60)"],
+        tmp_path / "up.log",
+        ready_timeout_s=0.5,
+        stop_timeout_s=5,
+    )
     with pytest.raises(ClusterStartError, match="no cluster JSON line"):
         cluster.start()
     assert cluster.proc is not None and cluster.proc.poll() is not None
 
 
 def test_a_child_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    script = ("import signal, time, json; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "print(json.dumps({'router': 'http://127.0.0.1:1', 'prefill': [], "
-              "'decode': []}), flush=True); time.sleep(60)")
-    cluster = ClusterProcess([sys.executable, "-c", script], tmp_path / "up.log",
-                             ready_timeout_s=30, stop_timeout_s=0.5)
+    script = (
+        "import signal, time, json; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print(json.dumps({'router': 'http://127.0.0.1:1', 'prefill': [], "
+        "'decode': []}), flush=True); time.sleep(60)"
+    )
+    cluster = ClusterProcess(
+        [sys.executable, "-c", script], tmp_path / "up.log", ready_timeout_s=30, stop_timeout_s=0.5
+    )
     cluster.start()
     assert cluster.stop() == -9
 

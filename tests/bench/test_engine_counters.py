@@ -23,7 +23,8 @@ async def test_counters_sum_over_engines_and_label_sets() -> None:
         two.state.local.labels("other-model").inc(5)  # a second label set
         totals = await scrape_counters([one.url, two.url])
         assert await fetch_cluster(one.url) == parse_cluster(
-            {"router": one.url, "prefill": [], "decode": [one.url]})
+            {"router": one.url, "prefill": [], "decode": [one.url]}
+        )
     assert totals["local_hit_tokens"] == 21
     assert totals["external_hit_tokens"] == 48
     assert totals["kv_bytes_received"] == 48 * BYTES_PER_TOKEN

@@ -18,12 +18,36 @@ from relaykv.bench.outcome import RequestOutcome
 
 def outcomes() -> list[RequestOutcome]:
     return [
-        RequestOutcome(success=True, start_time=0.0, ttft=0.1, itl=[0.05, 0.05, 0.1],
-                       latency=0.3, output_tokens=4, prompt_len=10, cached_tokens=5),
-        RequestOutcome(success=True, start_time=0.5, ttft=0.2, itl=[0.1], latency=0.3,
-                       output_tokens=2, prompt_len=20, cached_tokens=None),
-        RequestOutcome(success=True, start_time=1.2, ttft=0.3, itl=[], latency=0.3,
-                       output_tokens=1, prompt_len=30, cached_tokens=30),
+        RequestOutcome(
+            success=True,
+            start_time=0.0,
+            ttft=0.1,
+            itl=[0.05, 0.05, 0.1],
+            latency=0.3,
+            output_tokens=4,
+            prompt_len=10,
+            cached_tokens=5,
+        ),
+        RequestOutcome(
+            success=True,
+            start_time=0.5,
+            ttft=0.2,
+            itl=[0.1],
+            latency=0.3,
+            output_tokens=2,
+            prompt_len=20,
+            cached_tokens=None,
+        ),
+        RequestOutcome(
+            success=True,
+            start_time=1.2,
+            ttft=0.3,
+            itl=[],
+            latency=0.3,
+            output_tokens=1,
+            prompt_len=30,
+            cached_tokens=30,
+        ),
         RequestOutcome(success=False, start_time=0.1, prompt_len=40, error="HTTP 500"),
     ]
 

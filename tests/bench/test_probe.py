@@ -16,24 +16,45 @@ from tests.bench.stub_cluster import BYTES_PER_TOKEN, EngineState, ServerThread
 
 
 def probe(url: str, *extra: str) -> int:
-    return main(["probe", "--url", url, "--prefix-len", "64", "--suffix-len", "16",
-                 "--seed", "5", "--settle", "0", *extra])
+    return main(
+        [
+            "probe",
+            "--url",
+            url,
+            "--prefix-len",
+            "64",
+            "--suffix-len",
+            "16",
+            "--seed",
+            "5",
+            "--settle",
+            "0",
+            *extra,
+        ]
+    )
 
 
 def phase(name: str, local: int, external: int, ok: int) -> dict:
-    return {"name": name, "local_hit_tokens": local, "external_hit_tokens": external,
-            "kv_bytes_received": external * BYTES_PER_TOKEN, "requests_ok": ok}
+    return {
+        "name": name,
+        "local_hit_tokens": local,
+        "external_hit_tokens": external,
+        "kv_bytes_received": external * BYTES_PER_TOKEN,
+        "requests_ok": ok,
+    }
 
 
 def test_json_output_when_received_kv_is_published(capsys: pytest.CaptureFixture[str]) -> None:
     with ServerThread(EngineState(publish=True)) as srv:
         assert probe(srv.url, "--json") == 0
         sent = [b["prompt"] for b in srv.state.received]
-    assert json.loads(capsys.readouterr().out) == {"phases": [
-        phase("first_load", 0, 64, 1),    # x+a: nothing local, 64 tokens loaded
-        phase("serial", 128, 0, 2),       # x+a and x+b both reuse x locally
-        phase("overlap", 128, 0, 2),
-    ]}
+    assert json.loads(capsys.readouterr().out) == {
+        "phases": [
+            phase("first_load", 0, 64, 1),  # x+a: nothing local, 64 tokens loaded
+            phase("serial", 128, 0, 2),  # x+a and x+b both reuse x locally
+            phase("overlap", 128, 0, 2),
+        ]
+    }
     xa, xb = probe_prompts(64, 16, 1000, 5)  # vocab from /v1/models
     assert sent[:3] == [xa, xa, xb]  # first load, then serial
     assert sorted(sent[3:]) == sorted([xa, xb])  # overlap: both, in either arrival order
@@ -44,7 +65,9 @@ def test_json_output_when_it_is_not(capsys: pytest.CaptureFixture[str]) -> None:
     with ServerThread(EngineState(publish=False)) as srv:
         assert probe(srv.url, "--json") == 0
     assert json.loads(capsys.readouterr().out)["phases"] == [
-        phase("first_load", 0, 64, 1), phase("serial", 0, 128, 2), phase("overlap", 0, 128, 2),
+        phase("first_load", 0, 64, 1),
+        phase("serial", 0, 128, 2),
+        phase("overlap", 0, 128, 2),
     ]
 
 
@@ -54,13 +77,21 @@ def test_table_output_and_counters_summed_over_decode_engines(
     """The router sends every request to engine 1; engine 2 has its own (idle) counters."""
     with ServerThread(EngineState()) as idle, ServerThread(EngineState()) as busy:
         idle.state.admit(list(range(33)))  # non-zero totals that must not leak into deltas
-        busy._cluster = lambda: {"router": busy.url, "prefill": [],  # type: ignore[method-assign]
-                                 "decode": [busy.url, idle.url]}
+        busy._cluster = lambda: {
+            "router": busy.url,
+            "prefill": [],  # type: ignore[method-assign]
+            "decode": [busy.url, idle.url],
+        }
         assert probe(busy.url) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[1].split() == ["phase", "requests_ok", "local_hit_tokens",
-                                "external_hit_tokens", "kv_bytes_received"]
+    assert lines[1].split() == [
+        "phase",
+        "requests_ok",
+        "local_hit_tokens",
+        "external_hit_tokens",
+        "kv_bytes_received",
+    ]
     assert lines[2].split() == ["first_load", "1/1", "0", "64", str(64 * BYTES_PER_TOKEN)]
     assert lines[3].split() == ["serial", "2/2", "128", "0", "0"]
 

@@ -45,7 +45,7 @@ def test_reads_prometheus_client_output() -> None:
     assert counter_total(samples, "vllm:prefix_cache_hits") == 7.0
 
 
-@pytest.mark.parametrize("line", ['x{a="1" 3', "x", 'x{a=1} 2', "x abc"])
+@pytest.mark.parametrize("line", ['x{a="1" 3', "x", "x{a=1} 2", "x abc"])
 def test_malformed_lines_raise(line: str) -> None:
     with pytest.raises(ExpositionError):
         parse_samples(line)

@@ -16,16 +16,35 @@ from relaykv.bench.report import (
 from tests.bench.test_metrics import outcomes
 
 VLLM_KEYS = {
-    "date", "backend", "model_id", "num_prompts", "request_rate", "max_concurrency",
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-    "max_output_tokens_per_s", "max_concurrent_requests",
+    "date",
+    "backend",
+    "model_id",
+    "num_prompts",
+    "request_rate",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
 }
 
 
 def _run(**kw) -> RunDescription:
-    base = dict(backend="vllm", model_id="org/model", num_prompts=4, request_rate=math.inf,
-                burstiness=1.0, max_concurrency=None)
+    base = dict(
+        backend="vllm",
+        model_id="org/model",
+        num_prompts=4,
+        request_rate=math.inf,
+        burstiness=1.0,
+        max_concurrency=None,
+    )
     return RunDescription(**{**base, **kw})
 
 
@@ -41,9 +60,16 @@ def test_block_header_rows_and_sections() -> None:
     assert f"{'Maximum request concurrency:':<40} {8:<10}" in lines
     assert f"{'P99.9 TTFT (ms):':<40} {metrics.stats['ttft'].percentiles_ms[1][1]:<10.2f}" in lines
     assert "---------------Time to First Token----------------" in lines
-    for label in ("Request throughput (req/s):", "Output token throughput (tok/s):",
-                  "Mean TTFT (ms):", "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):",
-                  "Mean ITL (ms):", "Cache hit rate (%):"):
+    for label in (
+        "Request throughput (req/s):",
+        "Output token throughput (tok/s):",
+        "Mean TTFT (ms):",
+        "Median TTFT (ms):",
+        "P99 TTFT (ms):",
+        "Mean TPOT (ms):",
+        "Mean ITL (ms):",
+        "Cache hit rate (%):",
+    ):
         assert any(line.startswith(label) for line in lines), label
     assert not any(line.startswith("Mean E2EL") for line in lines)  # not selected
     assert not any(line.startswith("Request rate configured") for line in lines)
@@ -63,8 +89,15 @@ def test_result_keys() -> None:
     assert result["date"] == "20250102-030405"
     assert result["request_rate"] == "inf" and result["request_goodput"] is None
     assert result["tp"] == "8"
-    for key in ("mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p99_ttft_ms",
-                "mean_e2el_ms", "p99_e2el_ms"):
+    for key in (
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "std_ttft_ms",
+        "p50_ttft_ms",
+        "p99_ttft_ms",
+        "mean_e2el_ms",
+        "p99_e2el_ms",
+    ):
         assert key in result, key
     assert "mean_tpot_ms" not in result and "ttfts" not in result
     assert result["cache_report"]["total_cached_tokens"] == 35

@@ -14,9 +14,21 @@ from tokenizers.pre_tokenizers import Whitespace
 from relaykv.cli import main
 from tests.bench.stub_cluster import EngineState, ServerThread
 
-PREFIX_REP = ["--dataset-name", "prefix_repetition", "--prefix-repetition-num-prefixes", "1",
-              "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "16",
-              "--prefix-repetition-output-len", "4", "--num-prompts", "8", "--disable-tqdm"]
+PREFIX_REP = [
+    "--dataset-name",
+    "prefix_repetition",
+    "--prefix-repetition-num-prefixes",
+    "1",
+    "--prefix-repetition-prefix-len",
+    "64",
+    "--prefix-repetition-suffix-len",
+    "16",
+    "--prefix-repetition-output-len",
+    "4",
+    "--num-prompts",
+    "8",
+    "--disable-tqdm",
+]
 
 
 @pytest.fixture
@@ -32,10 +44,28 @@ def bench(srv: ServerThread, *extra: str) -> int:
 def test_prefix_repetition_run_prints_the_block_and_saves_vllm_keys(
     server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = bench(server, *PREFIX_REP, "--num-warmups", "1", "--max-concurrency", "2",
-               "--temperature", "0", "--ignore-eos", "--goodput", "ttft:10000",
-               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-               "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json")
+    rc = bench(
+        server,
+        *PREFIX_REP,
+        "--num-warmups",
+        "1",
+        "--max-concurrency",
+        "2",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--goodput",
+        "ttft:10000",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "r.json",
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "============ Serving Benchmark Result ============" in out
@@ -51,11 +81,23 @@ def test_prefix_repetition_run_prints_the_block_and_saves_vllm_keys(
     assert result["total_input_tokens"] == 640 and result["total_output_tokens"] == 32
     assert result["model_id"] == "stub-model" and result["max_concurrency"] == 2
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
-    for key in ("mean_ttft_ms", "median_tpot_ms", "std_itl_ms", "p50_e2el_ms", "p99_ttft_ms",
-                "max_output_tokens_per_s", "max_concurrent_requests", "total_token_throughput"):
+    for key in (
+        "mean_ttft_ms",
+        "median_tpot_ms",
+        "std_itl_ms",
+        "p50_e2el_ms",
+        "p99_ttft_ms",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+        "total_token_throughput",
+    ):
         assert key in result, key
-    assert result["cache_report"] == {"total_prompt_tokens": 640, "total_cached_tokens": 512,
-                                      "cache_hit_rate_pct": 80.0, "requests_reporting_cached": 8}
+    assert result["cache_report"] == {
+        "total_prompt_tokens": 640,
+        "total_cached_tokens": 512,
+        "cache_hit_rate_pct": 80.0,
+        "requests_reporting_cached": 8,
+    }
     assert result["max_concurrent_requests"] <= 2
     body = server.state.received[-1]
     assert isinstance(body["prompt"], list) and len(body["prompt"]) == 80
@@ -69,8 +111,14 @@ def test_errors_and_dropped_streams_are_counted_and_the_run_completes(
 ) -> None:
     modes = {1: "http_error", 3: "drop", 4: "bad_chunk", 6: "error_event"}
     with ServerThread(EngineState(behaviour=lambda n, body: modes.get(n, "ok"))) as srv:
-        rc = bench(srv, *PREFIX_REP, "--save-result", "--save-detailed",
-                   "--result-filename", str(tmp_path / "r.json"))
+        rc = bench(
+            srv,
+            *PREFIX_REP,
+            "--save-result",
+            "--save-detailed",
+            "--result-filename",
+            str(tmp_path / "r.json"),
+        )
     out = capsys.readouterr().out
     assert rc == 0
     assert "Failed requests during benchmark run detected" in out
@@ -85,18 +133,45 @@ def test_errors_and_dropped_streams_are_counted_and_the_run_completes(
 def test_generated_shared_prefix_ignores_num_prompts(
     server: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = bench(server, "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
-               "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "32",
-               "--gsp-question-len", "8", "--gsp-output-len", "2", "--num-prompts", "100",
-               "--model", "stub-model", "--disable-tqdm")
+    rc = bench(
+        server,
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "3",
+        "--gsp-system-prompt-len",
+        "32",
+        "--gsp-question-len",
+        "8",
+        "--gsp-output-len",
+        "2",
+        "--num-prompts",
+        "100",
+        "--model",
+        "stub-model",
+        "--disable-tqdm",
+    )
     assert rc == 0
     assert f"{'Successful requests:':<40} {6:<10}" in capsys.readouterr().out
     assert {len(b["prompt"]) for b in server.state.received} == {40}
 
 
 def test_random_dataset_forces_ignore_eos(server: ServerThread) -> None:
-    assert bench(server, "--random-input-len", "20", "--random-output-len", "3",
-                 "--num-prompts", "3", "--disable-tqdm") == 0
+    assert (
+        bench(
+            server,
+            "--random-input-len",
+            "20",
+            "--random-output-len",
+            "3",
+            "--num-prompts",
+            "3",
+            "--disable-tqdm",
+        )
+        == 0
+    )
     assert all(b["ignore_eos"] and b["max_tokens"] == 3 for b in server.state.received)
     assert {len(b["prompt"]) for b in server.state.received} == {20}
 
@@ -106,9 +181,20 @@ def test_chat_with_a_tokenizer_sends_text(server: ServerThread, tmp_path: Path) 
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    rc = bench(server, "--backend", "openai-chat", "--tokenizer", str(tmp_path),
-               "--random-input-len", "12", "--random-output-len", "2", "--num-prompts", "2",
-               "--disable-tqdm")
+    rc = bench(
+        server,
+        "--backend",
+        "openai-chat",
+        "--tokenizer",
+        str(tmp_path),
+        "--random-input-len",
+        "12",
+        "--random-output-len",
+        "2",
+        "--num-prompts",
+        "2",
+        "--disable-tqdm",
+    )
     assert rc == 0
     body = server.state.received[-1]
     words = body["messages"][0]["content"].split()
@@ -141,8 +227,10 @@ def test_api_key_flag_and_environment(
     server: ServerThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "from-env")
-    assert bench(server, *PREFIX_REP, "--num-prompts", "1", "--prefix-repetition-num-prefixes",
-                 "1") == 0
+    assert (
+        bench(server, *PREFIX_REP, "--num-prompts", "1", "--prefix-repetition-num-prefixes", "1")
+        == 0
+    )
     assert bench(server, *PREFIX_REP, "--num-prompts", "1", "--api-key", "from-flag") == 0
     assert server.state.auth == ["Bearer from-env", "Bearer from-flag"]
 

@@ -30,13 +30,31 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_compat_defaults() -> None:
     a = parse()
     assert (a.dataset_name, a.num_prompts, a.request_rate, a.metric_percentiles) == (
-        "random", 1000, float("inf"), "99")
-    assert (a.random_input_len, a.random_output_len, a.random_range_ratio, a.random_prefix_len) \
-        == (1024, 128, 0.0, 0)
-    assert (a.prefix_repetition_prefix_len, a.prefix_repetition_suffix_len,
-            a.prefix_repetition_num_prefixes, a.prefix_repetition_output_len) == (256, 256, 10, 128)
-    gsp = (a.gsp_num_groups, a.gsp_prompts_per_group, a.gsp_system_prompt_len,
-           a.gsp_question_len, a.gsp_output_len, a.gsp_range_ratio)
+        "random",
+        1000,
+        float("inf"),
+        "99",
+    )
+    assert (a.random_input_len, a.random_output_len, a.random_range_ratio, a.random_prefix_len) == (
+        1024,
+        128,
+        0.0,
+        0,
+    )
+    assert (
+        a.prefix_repetition_prefix_len,
+        a.prefix_repetition_suffix_len,
+        a.prefix_repetition_num_prefixes,
+        a.prefix_repetition_output_len,
+    ) == (256, 256, 10, 128)
+    gsp = (
+        a.gsp_num_groups,
+        a.gsp_prompts_per_group,
+        a.gsp_system_prompt_len,
+        a.gsp_question_len,
+        a.gsp_output_len,
+        a.gsp_range_ratio,
+    )
     assert gsp == (64, 16, 2048, 128, 256, 1.0)
     assert dataset_seed(a) == 0
     assert dataset_seed(parse("--dataset-name", "generated-shared-prefix")) == 42
@@ -56,7 +74,10 @@ def test_percentile_flags() -> None:
 
 def test_goodput_and_metadata() -> None:
     assert parse_goodput(["ttft:500", "tpot:50", "e2el:2000"]) == {
-        "ttft": 500.0, "tpot": 50.0, "e2el": 2000.0}
+        "ttft": 500.0,
+        "tpot": 50.0,
+        "e2el": 2000.0,
+    }
     assert parse_goodput(None) == {}
     for bad in (["ttft=5"], ["itl:5"], ["ttft:-1"], ["ttft:abc"]):
         with pytest.raises(UsageError, match="--goodput"):

@@ -37,22 +37,49 @@ DEFAULT_VOCAB_SIZE = 32000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--configs", nargs="+", required=True, metavar="NAME=FLAGS",
-                        help='named flag sets for `up`, e.g. legacy="--pd-policy legacy"; the '
-                        "first is the baseline (A), then B, C, ...")
-    parser.add_argument("--order", default="A/B/A",
-                        help="runs by letter or config name, separated by / (default A/B/A)")
-    parser.add_argument("--up-cmd", default="relaykv up",
-                        help="cluster command; `--json` and the config flags are appended")
-    parser.add_argument("--up-timeout", type=float, default=900.0,
-                        help="seconds to wait for the cluster's JSON line")
-    parser.add_argument("--stop-timeout", type=float, default=60.0,
-                        help="seconds to wait after SIGTERM before SIGKILL")
-    parser.add_argument("--groups", nargs="+", default=list(DEFAULT_GROUPS),
-                        metavar="cC/outputO:N",
-                        help="workload groups: concurrency C, output tokens O, N prompts")
-    parser.add_argument("--prefix-len", type=int, default=8192,
-                        help="prefix_repetition prefix length (the seed used 65504)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        required=True,
+        metavar="NAME=FLAGS",
+        help='named flag sets for `up`, e.g. legacy="--pd-policy legacy"; the '
+        "first is the baseline (A), then B, C, ...",
+    )
+    parser.add_argument(
+        "--order",
+        default="A/B/A",
+        help="runs by letter or config name, separated by / (default A/B/A)",
+    )
+    parser.add_argument(
+        "--up-cmd",
+        default="relaykv up",
+        help="cluster command; `--json` and the config flags are appended",
+    )
+    parser.add_argument(
+        "--up-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the cluster's JSON line",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait after SIGTERM before SIGKILL",
+    )
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        default=list(DEFAULT_GROUPS),
+        metavar="cC/outputO:N",
+        help="workload groups: concurrency C, output tokens O, N prompts",
+    )
+    parser.add_argument(
+        "--prefix-len",
+        type=int,
+        default=8192,
+        help="prefix_repetition prefix length (the seed used 65504)",
+    )
     parser.add_argument("--suffix-len", type=int, default=64)
     parser.add_argument("--num-prefixes", type=int, default=1)
     parser.add_argument("--num-warmups", type=int, default=1, help="warmups per group")
@@ -61,16 +88,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-prefix-len", type=int, default=8192)
     parser.add_argument("--probe-suffix-len", type=int, default=16)
     parser.add_argument("--model", default=None, help="default: the router's /v1/models")
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help=f"default: /v1/models vocab_size, else {DEFAULT_VOCAB_SIZE}")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"default: /v1/models vocab_size, else {DEFAULT_VOCAB_SIZE}",
+    )
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--no-ignore-eos", action="store_true",
-                        help="let requests stop at EOS (default: ignore_eos, exact lengths)")
+    parser.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="let requests stop at EOS (default: ignore_eos, exact lengths)",
+    )
     parser.add_argument("--request-timeout", type=float, default=6 * 60 * 60)
-    parser.add_argument("--settle", type=float, default=0.5,
-                        help="seconds to wait after a probe phase before reading counters")
-    parser.add_argument("--output-dir", default=None,
-                        help="default: bench-ab-YYYYmmdd-HHMMSS in the current directory")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.5,
+        help="seconds to wait after a probe phase before reading counters",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default=None,
+        help="default: bench-ab-YYYYmmdd-HHMMSS in the current directory",
+    )
     parser.add_argument("--disable-tqdm", action="store_true")
 
 
@@ -99,8 +140,10 @@ def parse_order(text: str, names: list[str]) -> list[str]:
         elif len(token) == 1 and token in string.ascii_uppercase[: len(names)]:
             plan.append(names[string.ascii_uppercase.index(token)])
         else:
-            raise ValueError(f"--order: {token!r} is neither a config letter "
-                             f"(A..{string.ascii_uppercase[len(names) - 1]}) nor a config name")
+            raise ValueError(
+                f"--order: {token!r} is neither a config letter "
+                f"(A..{string.ascii_uppercase[len(names) - 1]}) nor a config name"
+            )
     if len(plan) < 2:
         raise ValueError("--order: an A/B comparison needs at least two runs")
     return plan
@@ -117,8 +160,12 @@ def run_labels(plan: list[str], names: list[str]) -> list[str]:
 
 
 async def _measure(
-    args: argparse.Namespace, cluster: ClusterUrls, workload: Workload, record: dict[str, Any],
-    out_dir: Path, log: Callable[[str], None],
+    args: argparse.Namespace,
+    cluster: ClusterUrls,
+    workload: Workload,
+    record: dict[str, Any],
+    out_dir: Path,
+    log: Callable[[str], None],
 ) -> None:
     served = None
     if args.model is None or args.vocab_size is None:
@@ -126,28 +173,39 @@ async def _measure(
     model = args.model or served.id  # type: ignore[union-attr]
     vocab = args.vocab_size or (served.vocab_size if served else None) or DEFAULT_VOCAB_SIZE
     target = ApiTarget(
-        api_url=f"{cluster.router}/v1/completions", model=model,
-        sampling={"temperature": args.temperature}, ignore_eos=not args.no_ignore_eos,
+        api_url=f"{cluster.router}/v1/completions",
+        model=model,
+        sampling={"temperature": args.temperature},
+        ignore_eos=not args.no_ignore_eos,
         timeout_s=args.request_timeout,
     )
     record.update(model=model, vocab_size=vocab)
     label = record["label"]
     if args.probe:
         prompts = probe_prompts(args.probe_prefix_len, args.probe_suffix_len, vocab, args.seed)
-        report = await run_probe(target, cluster.router, prompts, settle_s=args.settle,
-                                 cluster=cluster, log=lambda m: log(f"{label} probe: {m}"))
+        report = await run_probe(
+            target,
+            cluster.router,
+            prompts,
+            settle_s=args.settle,
+            cluster=cluster,
+            log=lambda m: log(f"{label} probe: {m}"),
+        )
         record["probe"] = {**report.as_json(), "errors": report.errors}
     for index, group in enumerate(workload.groups):
-        result = await run_group(target, cluster, workload, index, vocab,
-                                 progress=not args.disable_tqdm, log=log)
+        result = await run_group(
+            target, cluster, workload, index, vocab, progress=not args.disable_tqdm, log=log
+        )
         record["groups"].append(asdict(result))
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", group.label)
         (out_dir / "results").mkdir(exist_ok=True)
         (out_dir / "results" / f"{label}-{name}.json").write_text(json.dumps(result.result))
         r = result.result
-        log(f"{label} {group.label}: {r['completed']}/{r['completed'] + r['failed']} ok, "
+        log(
+            f"{label} {group.label}: {r['completed']}/{r['completed'] + r['failed']} ok, "
             f"{r['request_throughput']:.3f} req/s, mean TTFT {r['mean_ttft_ms']:.1f} ms, "
-            f"P99 TTFT {r['p99_ttft_ms']:.1f} ms")
+            f"P99 TTFT {r['p99_ttft_ms']:.1f} ms"
+        )
         for error in result.errors[:3]:
             log(f"{label} {group.label}: request failed: {error}")
 
@@ -162,8 +220,10 @@ def check_workload(args: argparse.Namespace, workload: Workload) -> None:
         raise ValueError(f"--num-prefixes must be >= 1, got {args.num_prefixes}")
     for group in workload.groups:
         if group.num_prompts // args.num_prefixes == 0:
-            raise ValueError(f"--groups: {group.label} has {group.num_prompts} prompts, fewer "
-                             f"than --num-prefixes {args.num_prefixes} (0 requests)")
+            raise ValueError(
+                f"--groups: {group.label} has {group.num_prompts} prompts, fewer "
+                f"than --num-prefixes {args.num_prefixes} (0 requests)"
+            )
     if args.probe:
         probe_prompts(args.probe_prefix_len, args.probe_suffix_len, 2, 0)
     try:
@@ -184,9 +244,14 @@ def run(args: argparse.Namespace) -> int:
         names = list(configs)
         plan = parse_order(args.order, names)
         groups = tuple(parse_group(g) for g in args.groups)
-        workload = Workload(groups=groups, prefix_len=args.prefix_len, suffix_len=args.suffix_len,
-                            num_prefixes=args.num_prefixes, num_warmups=args.num_warmups,
-                            seed=args.seed)
+        workload = Workload(
+            groups=groups,
+            prefix_len=args.prefix_len,
+            suffix_len=args.suffix_len,
+            num_prefixes=args.num_prefixes,
+            num_warmups=args.num_warmups,
+            seed=args.seed,
+        )
         check_workload(args, workload)
     except (ValueError, DatasetError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -196,22 +261,36 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir or datetime.now().strftime("bench-ab-%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_text = " ".join(f"{lb}={c}" for lb, c in zip(labels, plan, strict=True))
-    log(f"{PROG}: {len(plan)} runs ({runs_text}), "
-        f"baseline {baseline}, groups {' '.join(g.label for g in groups)}, output {out_dir}")
+    log(
+        f"{PROG}: {len(plan)} runs ({runs_text}), "
+        f"baseline {baseline}, groups {' '.join(g.label for g in groups)}, output {out_dir}"
+    )
     runs: list[dict[str, Any]] = []
     status = 0
     for i, (label, config) in enumerate(zip(labels, plan, strict=True), start=1):
         argv = [*shlex.split(args.up_cmd), "--json", *configs[config]]
-        record: dict[str, Any] = {"label": label, "config": config, "flags": configs[config],
-                                  "command": shlex.join(argv), "probe": None, "groups": []}
-        cluster = ClusterProcess(argv, out_dir / f"{label}-cluster.log",
-                                 ready_timeout_s=args.up_timeout, stop_timeout_s=args.stop_timeout)
+        record: dict[str, Any] = {
+            "label": label,
+            "config": config,
+            "flags": configs[config],
+            "command": shlex.join(argv),
+            "probe": None,
+            "groups": [],
+        }
+        cluster = ClusterProcess(
+            argv,
+            out_dir / f"{label}-cluster.log",
+            ready_timeout_s=args.up_timeout,
+            stop_timeout_s=args.stop_timeout,
+        )
         log(f"[{i}/{len(plan)}] {label} ({config}): starting `{cluster.command}`")
         try:
             urls = cluster.start()
             record["cluster"] = asdict(urls)
-            log(f"[{i}/{len(plan)}] {label}: cluster ready, router {urls.router}, "
-                f"{len(urls.prefill)} prefill, {len(urls.decode)} decode")
+            log(
+                f"[{i}/{len(plan)}] {label}: cluster ready, router {urls.router}, "
+                f"{len(urls.prefill)} prefill, {len(urls.decode)} decode"
+            )
             asyncio.run(_measure(args, urls, workload, record, out_dir, log))
         except (ClusterStartError, ServerError) as exc:
             log(f"{PROG}: run {label} ({config}) failed: {exc}")

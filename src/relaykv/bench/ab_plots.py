@@ -25,8 +25,9 @@ def plot_ttft_distribution(runs: list[dict[str, Any]], path: Path) -> Path:
     """One panel per workload group: the TTFT empirical CDF of every run."""
     plt = _pyplot()
     groups = list(dict.fromkeys(g["group"] for run in runs for g in run["groups"]))
-    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(5 * max(1, len(groups)), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(groups)), figsize=(5 * max(1, len(groups)), 4), squeeze=False
+    )
     for ax, group in zip(axes[0], groups, strict=False):
         for run in runs:
             ttfts = next((g["ttfts_ms"] for g in run["groups"] if g["group"] == group), [])

@@ -119,13 +119,21 @@ def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
         }
         base_runs = [values[label] for label, c, _ in per_run if c == baseline]
         candidates = {c: v for c, v in by_config.items() if c != baseline}
-        rows.append(Row(
-            group=group, metric=metric, name=name, values=values,
-            baseline=by_config.get(baseline), candidates=candidates,
-            change_pct={c: change_pct(by_config.get(baseline), v) for c, v in candidates.items()},
-            spread_pct=spread_pct(base_runs),
-            integer=is_count(metric),
-        ))
+        rows.append(
+            Row(
+                group=group,
+                metric=metric,
+                name=name,
+                values=values,
+                baseline=by_config.get(baseline),
+                candidates=candidates,
+                change_pct={
+                    c: change_pct(by_config.get(baseline), v) for c, v in candidates.items()
+                },
+                spread_pct=spread_pct(base_runs),
+                integer=is_count(metric),
+            )
+        )
     return rows
 
 
@@ -154,8 +162,12 @@ def markdown_table(rows: list[Row], runs: list[dict[str, Any]], baseline: str) -
     header.append(spread_title)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row.group, row.name, *(fmt_value(v, row.integer) for v in row.values.values()),
-                 fmt_value(row.baseline, row.integer)]
+        cells = [
+            row.group,
+            row.name,
+            *(fmt_value(v, row.integer) for v in row.values.values()),
+            fmt_value(row.baseline, row.integer),
+        ]
         for cand in candidates:
             cells += [fmt_value(row.candidates[cand], row.integer), fmt_pct(row.change_pct[cand])]
         cells.append(fmt_pct(row.spread_pct, signed=False))
@@ -169,9 +181,14 @@ def write_tables(
     md = out_dir / "ab_table.md"
     md.write_text(markdown_table(rows, runs, baseline))
     js = out_dir / "ab_table.json"
-    js.write_text(json.dumps({
-        "baseline": baseline,
-        "runs": [{"label": r["label"], "config": r["config"]} for r in runs],
-        "rows": [asdict(row) for row in rows],
-    }, indent=1))
+    js.write_text(
+        json.dumps(
+            {
+                "baseline": baseline,
+                "runs": [{"label": r["label"], "config": r["config"]} for r in runs],
+                "rows": [asdict(row) for row in rows],
+            },
+            indent=1,
+        )
+    )
     return md, js

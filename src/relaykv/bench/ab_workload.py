@@ -100,22 +100,36 @@ async def run_group(
 ) -> GroupResult:
     group = workload.groups[index]
     requests = prefix_repetition_requests(
-        group.num_prompts, vocab_size, prefix_len=workload.prefix_len,
-        suffix_len=workload.suffix_len, num_prefixes=workload.num_prefixes,
-        output_len=group.output_len, seed=workload.seed + index,
+        group.num_prompts,
+        vocab_size,
+        prefix_len=workload.prefix_len,
+        suffix_len=workload.suffix_len,
+        num_prefixes=workload.num_prefixes,
+        output_len=group.output_len,
+        seed=workload.seed + index,
     )
     shape = LoadShape(max_concurrency=group.concurrency, seed=workload.seed + index)
     if workload.num_warmups:
-        await run_requests(target, [requests[0]] * workload.num_warmups, shape,
-                           progress=progress, desc=f"{group.label} warmup")
+        await run_requests(
+            target,
+            [requests[0]] * workload.num_warmups,
+            shape,
+            progress=progress,
+            desc=f"{group.label} warmup",
+        )
     before = await _counters(cluster, log)
     run = await run_requests(target, requests, shape, progress=progress, desc=group.label)
     after = await _counters(cluster, log)
     metrics = compute_metrics(run.outcomes, run.duration_s, workload.percentiles)
     description = RunDescription(
-        backend="openai", model_id=target.model, num_prompts=len(requests),
-        request_rate=float("inf"), burstiness=1.0, max_concurrency=group.concurrency,
-        label=group.label, percentile_metrics=("ttft", "tpot", "itl", "e2el"),
+        backend="openai",
+        model_id=target.model,
+        num_prompts=len(requests),
+        request_rate=float("inf"),
+        burstiness=1.0,
+        max_concurrency=group.concurrency,
+        label=group.label,
+        percentile_metrics=("ttft", "tpot", "itl", "e2el"),
     )
     result = build_result(description, metrics, run.duration_s, run.outcomes)
     return GroupResult(

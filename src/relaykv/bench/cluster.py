@@ -71,8 +71,13 @@ class ClusterProcess:
         self._log = self.log_path.open("w", encoding="utf-8")
         try:
             self.proc = subprocess.Popen(
-                self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
             )
         except OSError as exc:
             self._log.close()

@@ -124,9 +124,11 @@ async def run_probe(
             return [first, await send_request(session, target, xb)]
 
         async def overlap() -> list[RequestOutcome]:
-            return list(await asyncio.gather(
-                send_request(session, target, xa), send_request(session, target, xb)
-            ))
+            return list(
+                await asyncio.gather(
+                    send_request(session, target, xa), send_request(session, target, xb)
+                )
+            )
 
         for name, send in zip(PHASES, (first_load, serial, overlap), strict=True):
             await phase(name, send)

@@ -21,19 +21,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-len", type=int, default=8192, help="shared prefix x (tokens)")
     parser.add_argument("--suffix-len", type=int, default=16, help="suffixes a and b (tokens)")
     parser.add_argument(
-        "--seed", type=int, default=None,
+        "--seed",
+        type=int,
+        default=None,
         help="seed of x, a, b (default: a fresh random seed, printed, so x is new to the cache)",
     )
     parser.add_argument("--model", default=None, help="model name (default: from /v1/models)")
     parser.add_argument(
-        "--vocab-size", type=int, default=None,
+        "--vocab-size",
+        type=int,
+        default=None,
         help=f"token ids are drawn from [0, V) (default: /v1/models vocab_size, else "
         f"{DEFAULT_VOCAB_SIZE})",
     )
     parser.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     parser.add_argument(
-        "--settle", type=float, default=0.5,
+        "--settle",
+        type=float,
+        default=0.5,
         help="seconds to wait after a phase before reading the counters",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -48,12 +54,23 @@ def format_table(report: ProbeReport) -> str:
     rows = [("phase", "requests_ok", *REPORTED)]
     for p in report.phases:
         ok = f"{p.requests_ok}/{report.requests_sent[p.name]}"
-        rows.append((p.name, ok, str(p.local_hit_tokens), str(p.external_hit_tokens),
-                     str(p.kv_bytes_received)))
+        rows.append(
+            (
+                p.name,
+                ok,
+                str(p.local_hit_tokens),
+                str(p.external_hit_tokens),
+                str(p.kv_bytes_received),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
-             for row in rows]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
     return "\n".join(lines)
 
 
@@ -81,8 +98,11 @@ async def probe_router(
         log(f"vocabulary size not published by /v1/models; using {vocab}")
     prompts = probe_prompts(prefix_len, suffix_len, vocab, seed)
     target = ApiTarget(
-        api_url=f"{base}/v1/completions", model=model, headers=dict(headers or {}),
-        sampling={"temperature": 0.0}, timeout_s=timeout_s,
+        api_url=f"{base}/v1/completions",
+        model=model,
+        headers=dict(headers or {}),
+        sampling={"temperature": 0.0},
+        timeout_s=timeout_s,
     )
     return await run_probe(target, base, prompts, settle_s=settle_s, log=log)
 
@@ -97,14 +117,25 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"relaykv probe: error: {exc}", file=sys.stderr)
         return 2
-    log(f"router {args.url}, prefix {args.prefix_len} + suffix {args.suffix_len} tokens, "
-        f"seed {seed}")
+    log(
+        f"router {args.url}, prefix {args.prefix_len} + suffix {args.suffix_len} tokens, "
+        f"seed {seed}"
+    )
     try:
-        report = asyncio.run(probe_router(
-            args.url, prefix_len=args.prefix_len, suffix_len=args.suffix_len, seed=seed,
-            model=args.model, vocab_size=args.vocab_size, headers=_headers(args.api_key),
-            timeout_s=args.timeout, settle_s=args.settle, log=log,
-        ))
+        report = asyncio.run(
+            probe_router(
+                args.url,
+                prefix_len=args.prefix_len,
+                suffix_len=args.suffix_len,
+                seed=seed,
+                model=args.model,
+                vocab_size=args.vocab_size,
+                headers=_headers(args.api_key),
+                timeout_s=args.timeout,
+                settle_s=args.settle,
+                log=log,
+            )
+        )
     except ServerError as exc:
         print(f"relaykv probe: {exc}", file=sys.stderr)
         return 1

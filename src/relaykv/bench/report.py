@@ -21,8 +21,15 @@ from relaykv.bench.metrics import METRIC_LABELS, BenchmarkMetrics, percentile_ke
 from relaykv.bench.outcome import RequestOutcome
 
 HEADER = "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
-DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times",
-                 "generated_texts", "errors")
+DETAILED_KEYS = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "start_times",
+    "generated_texts",
+    "errors",
+)
 
 
 @dataclass(slots=True)
@@ -45,8 +52,11 @@ def _row(label: str, value: object, fmt: str = "") -> str:
 
 
 def format_result_block(run: RunDescription, metrics: BenchmarkMetrics, duration_s: float) -> str:
-    lines = [HEADER, _row("Successful requests:", metrics.completed),
-             _row("Failed requests:", metrics.failed)]
+    lines = [
+        HEADER,
+        _row("Successful requests:", metrics.completed),
+        _row("Failed requests:", metrics.failed),
+    ]
     if run.max_concurrency is not None:
         lines.append(_row("Maximum request concurrency:", run.max_concurrency))
     if not math.isinf(run.request_rate):
@@ -124,15 +134,17 @@ def build_result(
             result[f"p{percentile_key(p)}_{name}_ms"] = value
     result["cache_report"] = metrics.cache.as_dict()
     if detailed:
-        result.update({
-            "input_lens": [o.prompt_len for o in outcomes],
-            "output_lens": metrics.output_lens,
-            "ttfts": [o.ttft for o in outcomes],
-            "itls": [o.itl for o in outcomes],
-            "start_times": [o.start_time for o in outcomes],
-            "generated_texts": [o.generated_text for o in outcomes],
-            "errors": [o.error for o in outcomes],
-        })
+        result.update(
+            {
+                "input_lens": [o.prompt_len for o in outcomes],
+                "output_lens": metrics.output_lens,
+                "ttfts": [o.ttft for o in outcomes],
+                "itls": [o.itl for o in outcomes],
+                "start_times": [o.start_time for o in outcomes],
+                "generated_texts": [o.generated_text for o in outcomes],
+                "errors": [o.error for o in outcomes],
+            }
+        )
     return result
 
 

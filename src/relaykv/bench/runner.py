@@ -99,9 +99,7 @@ async def run_requests(
         offsets = arrival_offsets(len(requests), shape.request_rate, shape.burstiness, shape.seed)
         bar = tqdm(total=len(requests), desc=desc, disable=not progress)
         start = time.perf_counter()
-        outcomes = await _send_all(
-            session, target, requests, offsets, shape.max_concurrency, bar
-        )
+        outcomes = await _send_all(session, target, requests, offsets, shape.max_concurrency, bar)
         duration = time.perf_counter() - start
         bar.close()
     return RunOutcome(outcomes=outcomes, duration_s=duration, warmup_outcomes=warmups)

@@ -80,8 +80,12 @@ async def serve(args: argparse.Namespace) -> int:
     path = endpoint(args)
     chat = is_chat(path)
     requested_format = "ids" if args.tokenize_prompt else args.prompt_format
-    choose_prompt_format(requested_format, chat=chat, have_tokenizer=args.tokenizer is not None,
-                         server_is_relaykv=False)  # fail fast, before any network call
+    choose_prompt_format(
+        requested_format,
+        chat=chat,
+        have_tokenizer=args.tokenizer is not None,
+        server_is_relaykv=False,
+    )  # fail fast, before any network call
     tokenizer = PromptTokenizer(args.tokenizer) if args.tokenizer else None
 
     url = base_url(args)
@@ -91,7 +95,9 @@ async def serve(args: argparse.Namespace) -> int:
     if args.model is None:
         print(f"Model not specified, using the server's first model: {model_id}")
     prompt_format = choose_prompt_format(
-        requested_format, chat=chat, have_tokenizer=tokenizer is not None,
+        requested_format,
+        chat=chat,
+        have_tokenizer=tokenizer is not None,
         server_is_relaykv=bool(served and served.is_relaykv),
     )
     vocab_size, vocab_source = _vocab_size(args.vocab_size, tokenizer, served)
@@ -103,7 +109,8 @@ async def serve(args: argparse.Namespace) -> int:
         print("Dataset random: setting ignore_eos so outputs reach the requested length")
     text = prompt_format == "text"
     requests = build_requests(
-        args, vocab_size,
+        args,
+        vocab_size,
         special_ids=tokenizer.special_ids if tokenizer else [],
         num_special=tokenizer.num_special_tokens_to_add() if tokenizer and text else 0,
     )
@@ -115,13 +122,19 @@ async def serve(args: argparse.Namespace) -> int:
         print("WARNING: no --temperature given; the server's default sampling applies")
 
     target = ApiTarget(
-        api_url=url + path, model=args.served_model_name or model_id, chat=chat,
-        headers=headers, sampling=sampling_params(args), ignore_eos=ignore_eos,
+        api_url=url + path,
+        model=args.served_model_name or model_id,
+        chat=chat,
+        headers=headers,
+        sampling=sampling_params(args),
+        ignore_eos=ignore_eos,
         timeout_s=args.request_timeout,
     )
     shape = LoadShape(
-        request_rate=args.request_rate, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, num_warmups=args.num_warmups,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        num_warmups=args.num_warmups,
         seed=dataset_seed(args),
     )
     if shape.num_warmups:
@@ -138,14 +151,22 @@ async def serve(args: argparse.Namespace) -> int:
         for i, failed in enumerate(failures[:10]):
             print(f"Error {i}: {failed.error}")
     description = RunDescription(
-        backend=args.backend, model_id=model_id, num_prompts=len(requests),
-        request_rate=args.request_rate, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, label=args.label, tokenizer_id=args.tokenizer,
-        goodput=goodput, percentile_metrics=percentile_metrics, metadata=metadata,
+        backend=args.backend,
+        model_id=model_id,
+        num_prompts=len(requests),
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        label=args.label,
+        tokenizer_id=args.tokenizer,
+        goodput=goodput,
+        percentile_metrics=percentile_metrics,
+        metadata=metadata,
     )
     print(format_result_block(description, metrics, outcome.duration_s))
-    result = build_result(description, metrics, outcome.duration_s, outcome.outcomes,
-                          detailed=args.save_detailed)
+    result = build_result(
+        description, metrics, outcome.duration_s, outcome.outcomes, detailed=args.save_detailed
+    )
     if args.save_result or args.result_filename or args.result_dir:
         name = args.result_filename or default_result_filename(description, result["date"])
         where = Path(args.result_dir) / name if args.result_dir else Path(name)

@@ -56,8 +56,9 @@ def parse_goodput(pairs: list[str] | None) -> dict[str, float]:
         if not sep or math.isnan(number):
             raise UsageError(f"--goodput: expected KEY:MILLISECONDS, got {pair!r}")
         if name not in GOODPUT_NAMES:
-            raise UsageError(f"--goodput: unknown metric {name!r}; allowed: "
-                             + ", ".join(GOODPUT_NAMES))
+            raise UsageError(
+                f"--goodput: unknown metric {name!r}; allowed: " + ", ".join(GOODPUT_NAMES)
+            )
         if number < 0:
             raise UsageError(f"--goodput: {name} must be >= 0 ms, got {number}")
         slos[name] = number
@@ -115,13 +116,17 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def choose_prompt_format(
     requested: str, *, chat: bool, have_tokenizer: bool, server_is_relaykv: bool
 ) -> str:
-    """"ids" or "text" (see docs/benchmarking.md "Prompts: token ids or text")."""
+    """ "ids" or "text" (see docs/benchmarking.md "Prompts: token ids or text")."""
     if requested == "ids" and chat:
-        raise UsageError("--prompt-format ids/--tokenize-prompt: a chat endpoint takes text "
-                         "messages; use /v1/completions or text prompts")
+        raise UsageError(
+            "--prompt-format ids/--tokenize-prompt: a chat endpoint takes text "
+            "messages; use /v1/completions or text prompts"
+        )
     if (requested == "text" or chat) and not have_tokenizer:
-        raise UsageError("--tokenizer is required to send text prompts (chat endpoints or "
-                         "--prompt-format text): the datasets are random token ids")
+        raise UsageError(
+            "--tokenizer is required to send text prompts (chat endpoints or "
+            "--prompt-format text): the datasets are random token ids"
+        )
     if requested != "auto":
         return requested
     if chat or (have_tokenizer and not server_is_relaykv):
@@ -153,24 +158,35 @@ def build_requests(
     shuffle = not args.disable_shuffle
     if args.dataset_name == "random":
         return random_requests(
-            args.num_prompts, vocab_size,
+            args.num_prompts,
+            vocab_size,
             input_len=max(0, args.random_input_len - num_special),
-            output_len=args.random_output_len, range_ratio=args.random_range_ratio,
-            prefix_len=args.random_prefix_len, seed=seed, special_ids=special_ids,
+            output_len=args.random_output_len,
+            range_ratio=args.random_range_ratio,
+            prefix_len=args.random_prefix_len,
+            seed=seed,
+            special_ids=special_ids,
         )
     if args.dataset_name == "prefix_repetition":
         return prefix_repetition_requests(
-            args.num_prompts, vocab_size,
+            args.num_prompts,
+            vocab_size,
             prefix_len=args.prefix_repetition_prefix_len,
             suffix_len=args.prefix_repetition_suffix_len,
             num_prefixes=args.prefix_repetition_num_prefixes,
-            output_len=args.prefix_repetition_output_len, seed=seed, shuffle=shuffle,
+            output_len=args.prefix_repetition_output_len,
+            seed=seed,
+            shuffle=shuffle,
         )
     return generated_shared_prefix_requests(
         vocab_size,
-        num_groups=args.gsp_num_groups, prompts_per_group=args.gsp_prompts_per_group,
-        system_prompt_len=args.gsp_system_prompt_len, question_len=args.gsp_question_len,
-        output_len=args.gsp_output_len, range_ratio=args.gsp_range_ratio, seed=seed,
+        num_groups=args.gsp_num_groups,
+        prompts_per_group=args.gsp_prompts_per_group,
+        system_prompt_len=args.gsp_system_prompt_len,
+        question_len=args.gsp_question_len,
+        output_len=args.gsp_output_len,
+        range_ratio=args.gsp_range_ratio,
+        seed=seed,
         shuffle=shuffle and not args.gsp_ordered,
     )
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from relaykv.engine.request import Request
 
+
 class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 

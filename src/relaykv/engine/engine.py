@@ -82,8 +82,11 @@ class LLMEngine:
         if not prompt_ids:
             raise InvalidRequest("prompt", "the prompt is empty")
         for token in prompt_ids:
-            if not isinstance(token, int) or isinstance(token, bool) or token < 0 or (
-                self.vocab_size is not None and token >= self.vocab_size
+            if (
+                not isinstance(token, int)
+                or isinstance(token, bool)
+                or token < 0
+                or (self.vocab_size is not None and token >= self.vocab_size)
             ):
                 raise InvalidRequest("prompt", f"invalid token id {token!r} in the prompt")
         params.validate(self.vocab_size)
@@ -105,9 +108,9 @@ class LLMEngine:
             )
         if self.manager.sizing.admission_blocks(len(prompt_ids)) > self.manager.pool.num_usable:
             raise InvalidRequest("prompt", "the prompt does not fit in the KV cache of this engine")
-        if kv_transfer_params and kv_transfer_params.get("do_remote_prefill"):
-            if self.connector is None or self.config.role != "decode":
-                raise InvalidRequest("kv_transfer_params", "this engine does not receive KV")
+        remote_prefill = bool(kv_transfer_params and kv_transfer_params.get("do_remote_prefill"))
+        if remote_prefill and (self.connector is None or self.config.role != "decode"):
+            raise InvalidRequest("kv_transfer_params", "this engine does not receive KV")
         if remote_decode and (self.connector is None or self.config.role != "prefill"):
             raise InvalidRequest("kv_transfer_params", "this engine does not send KV")
 
@@ -173,8 +176,8 @@ class LLMEngine:
             elif req.last_token_time is not None:
                 self.metrics.itl.observe(now - req.last_token_time)
             req.last_token_time = now
-            if self.tokenizer is not None:
-                new_text = self._text(req)
+        if self.tokenizer is not None and (new_tokens or req.finished):
+            new_text = self._text(req)
         if req.finished and req.request_id in self.requests:
             del self.requests[req.request_id]
             self.metrics.finished(req.finish_reason.value if req.finish_reason else "abort")
@@ -198,21 +201,26 @@ class LLMEngine:
         )
 
     def _text(self, req: Request) -> str:
+        """New text to stream. With stop strings, the last `len(stop) - 1` characters are
+        held back until they can no longer begin a stop string (as vLLM does)."""
         assert self.tokenizer is not None
         skip = self.eos_token_ids | frozenset(req.params.stop_token_ids)
         new = detokenize_new(self.tokenizer, req, skip)
-        if not new:
-            return ""
-        before = len(req.text)
         req.text += new
-        if req.params.stop and not req.finished:
+        holdback = 0
+        if req.params.stop and new and not req.finished:
             found = find_stop(req.text, len(new), req.params.stop)
             if found is not None:
                 at, stop = found
                 req.text = req.text[:at]
                 req.stop_reason = stop
                 self.scheduler.finish(req, FinishReason.STOP)
-        return req.text[before:] if len(req.text) > before else ""
+            else:
+                holdback = max(len(s) for s in req.params.stop) - 1
+        end = len(req.text) if req.finished else max(req.emitted_chars, len(req.text) - holdback)
+        out = req.text[req.emitted_chars : end]
+        req.emitted_chars = end
+        return out
 
     # -- offline use -----------------------------------------------------------------
     def generate(

@@ -37,7 +37,9 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> None:
         if self.max_tokens < 1:
-            raise InvalidRequest("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidRequest(
+                "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"
+            )
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequest(
                 "min_tokens", f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from relaykv.engine.params import SamplingParams
@@ -19,7 +19,7 @@ class RequestState(Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
@@ -53,6 +53,7 @@ class Request:
     last_token_time: float | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     text: str = ""
+    emitted_chars: int = 0  # characters of `text` already streamed
     # incremental detokenization offsets (see `relaykv.engine.detokenizer`)
     prefix_offset: int = 0
     read_offset: int = 0

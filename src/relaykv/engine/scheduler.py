@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.request import FinishReason, Request, RequestState
-from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
+from relaykv.kvcache import CacheRole, KVCacheManager
 from relaykv.steps import SequenceWork
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
@@ -119,7 +119,7 @@ class Scheduler:
 
     # -- scheduling ------------------------------------------------------------------
     def schedule(self) -> list[ScheduledSequence]:
-        self._settle_loads()
+        self.settle_transfers()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         for req in list(self.running):
@@ -197,7 +197,10 @@ class Scheduler:
         n = min(req.num_tokens - hit.tokens, budget)
         req.num_computed_tokens = hit.tokens
         ok = self.manager.allocate(
-            req.cache, hit.tokens + n, hit=hit, lookahead=self._lookahead(req, n),
+            req.cache,
+            hit.tokens + n,
+            hit=hit,
+            lookahead=self._lookahead(req, n),
             must_fit=min(req.num_tokens, self.config.max_model_len),
         )
         if not ok:
@@ -244,7 +247,7 @@ class Scheduler:
             self._loaded(req, ok=True)
         return True
 
-    def _settle_loads(self) -> None:
+    def settle_transfers(self) -> None:
         if self.connector is None:
             return
         for load, ok in self.connector.poll():

@@ -13,7 +13,11 @@ from relaykv.bench.datasets.shared_prefix import sglang_random_lens
 
 def test_total_is_groups_times_prompts_and_lengths_are_exact_by_default() -> None:
     reqs = generated_shared_prefix_requests(
-        1000, num_groups=3, prompts_per_group=5, system_prompt_len=40, question_len=6,
+        1000,
+        num_groups=3,
+        prompts_per_group=5,
+        system_prompt_len=40,
+        question_len=6,
         output_len=11,
     )
     assert len(reqs) == 15
@@ -34,7 +38,11 @@ def test_defaults_match_compat() -> None:
 
 def test_ordered_is_group_major() -> None:
     reqs = generated_shared_prefix_requests(
-        500, num_groups=4, prompts_per_group=3, system_prompt_len=8, question_len=2,
+        500,
+        num_groups=4,
+        prompts_per_group=3,
+        system_prompt_len=8,
+        question_len=2,
         shuffle=False,
     )
     systems = [tuple(r.prompt_ids[:8]) for r in reqs]
@@ -47,8 +55,13 @@ def test_ordered_is_group_major() -> None:
 
 def test_range_ratio_draws_lengths_in_sglang_bounds() -> None:
     reqs = generated_shared_prefix_requests(
-        500, num_groups=20, prompts_per_group=10, system_prompt_len=30, question_len=10,
-        output_len=8, range_ratio=0.5,
+        500,
+        num_groups=20,
+        prompts_per_group=10,
+        system_prompt_len=30,
+        question_len=10,
+        output_len=8,
+        range_ratio=0.5,
     )
     outs = [r.output_len for r in reqs]
     assert min(outs) >= 4 and max(outs) <= 8 and len(set(outs)) > 1

@@ -71,9 +71,7 @@ class PromptTokenizer:
             rounds -= 1
 
 
-def as_text_requests(
-    requests: list[SampleRequest], tokenizer: PromptTokenizer, seed: int
-) -> int:
+def as_text_requests(requests: list[SampleRequest], tokenizer: PromptTokenizer, seed: int) -> int:
     """Give every request its text form in place; returns the total length mismatch."""
     rng = np.random.default_rng(seed)
     mismatch = 0

@@ -1,0 +1,33 @@
+"""relaykv.engine: requests, scheduling, the step loop and its async front (no model imports)."""
+
+from __future__ import annotations
+
+from relaykv.engine.async_engine import AsyncEngine, EngineDeadError
+from relaykv.engine.connector import KVConnector
+from relaykv.engine.engine import ROLES, EngineConfig, LLMEngine
+from relaykv.engine.executor import Executor
+from relaykv.engine.metrics import EngineMetrics, Histogram
+from relaykv.engine.params import InvalidRequest, SamplingParams
+from relaykv.engine.request import FinishReason, Request, RequestOutput, RequestState
+from relaykv.engine.scheduler import KV_LOAD_FAILURE_POLICIES, Scheduler, SchedulerConfig
+
+__all__ = [
+    "KV_LOAD_FAILURE_POLICIES",
+    "ROLES",
+    "AsyncEngine",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineMetrics",
+    "Executor",
+    "FinishReason",
+    "Histogram",
+    "InvalidRequest",
+    "KVConnector",
+    "LLMEngine",
+    "Request",
+    "RequestOutput",
+    "RequestState",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+]
