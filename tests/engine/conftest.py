@@ -29,7 +29,7 @@ def make_engine(
         ),
         **kw,
     )
-    return LLMEngine(ReferenceExecutor(geometry, k=k), config, vocab_size=101)
+    return LLMEngine(ReferenceExecutor(geometry, num_blocks, k=k), config, vocab_size=101)
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:

@@ -1,6 +1,8 @@
 """A model-free executor that makes paging errors visible (engine tests).
 
-"KV" is the token itself, stored per (group, block, slot) together with its position. The next
+"KV" is the token itself, stored with its position in a real page buffer laid out as the model
+runner's (uint8 `[num_blocks, block_bytes]`, group g's page in the first `b_g * 8` bytes of a
+row: int32 token and int32 position + 1 per slot), so transports can move it. The next
 token after position p is a hash of what each group reads through its block table: every
 position up to p in a full group, the last W in a sliding one. `expected_next` computes the
 same function straight from the token sequence, without any paging, so an engine that reads a
@@ -12,10 +14,22 @@ at every `wrong_every`-th position, and verifies them like the real runner (gree
 
 from __future__ import annotations
 
-from relaykv.kvcache import Geometry
+import numpy as np
+
+from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.steps import SequenceOutput, StepBatch, StepOutput
 
 VOCAB = 101
+SLOT_BYTES = 8  # int32 token + int32 (position + 1); 0 marks an unwritten slot
+
+
+def with_slot_bytes(geometry: Geometry) -> Geometry:
+    """The geometry with each group's bytes per token set to the reference KV's size."""
+    groups = tuple(
+        GroupSpec(g.kind, g.block_size, g.window, g.draft, g.num_layers, SLOT_BYTES)
+        for g in geometry.groups
+    )
+    return Geometry(groups, eagle=geometry.eagle, eagle_reuse=geometry.eagle_reuse)
 
 
 def _mix(h: int, x: int) -> int:
@@ -44,11 +58,14 @@ def reference_generate(geometry: Geometry, prompt: list[int], max_tokens: int) -
 
 
 class ReferenceExecutor:
-    def __init__(self, geometry: Geometry, k: int = 0, wrong_every: int = 3) -> None:
-        self._geometry = geometry
+    def __init__(
+        self, geometry: Geometry, num_blocks: int, k: int = 0, wrong_every: int = 3
+    ) -> None:
+        self._geometry = with_slot_bytes(geometry)
         self.k = k
         self.wrong_every = wrong_every
-        self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.buffer = np.zeros((num_blocks, self._geometry.block_bytes), dtype=np.uint8)
+        self._slots = self.buffer.view(np.int32)  # [num_blocks, block_bytes // 4]
         self.steps = 0
 
     @property
@@ -63,7 +80,8 @@ class ReferenceExecutor:
         for gi, g in enumerate(self._geometry.groups):
             block = tables[gi][p // g.block_size]
             assert block != 0, f"write of position {p} into the null block (group {gi})"
-            self.kv[(gi, block, p % g.block_size)] = (token, p)
+            slot = 2 * (p % g.block_size)
+            self._slots[block, slot : slot + 2] = (token, p + 1)
 
     def _read_next(self, tables, p: int) -> int:
         h = 0
@@ -72,8 +90,9 @@ class ReferenceExecutor:
             for q in range(lo, p + 1):
                 block = tables[gi][q // g.block_size]
                 assert block != 0, f"read of position {q} from the null block (group {gi})"
-                token, pos = self.kv[(gi, block, q % g.block_size)]
-                assert pos == q, f"group {gi} block {block} holds position {pos}, not {q}"
+                slot = 2 * (q % g.block_size)
+                token, pos = (int(x) for x in self._slots[block, slot : slot + 2])
+                assert pos == q + 1, f"group {gi} block {block} holds position {pos - 1}, not {q}"
                 h = _mix(h, token * 131 + q)
             h = _mix(h, 999)
         return h % VOCAB
