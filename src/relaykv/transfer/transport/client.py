@@ -411,7 +411,7 @@ class TransferClient:
         while job.announced:
             chunk, frames = job.announced[0]
             pages = job.pages[chunk.first_page : chunk.first_page + len(chunk.digests)]
-            if not self._plane.land(tid, chunk.slot, pages, frames, self._buffer):
+            if not self._plane.land(tid, chunk.index, chunk.slot, pages, frames, self._buffer):
                 return
             verify_destination(self._buffer, pages, chunk.digests, chunk.first_page)
             job.announced.popleft()

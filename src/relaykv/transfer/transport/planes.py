@@ -38,8 +38,10 @@ class PendingChunk(ABC):
     def poll(self) -> bool:
         """True once the bytes are where D asked; raise TransferError on failure."""
 
-    def abort(self) -> None:  # noqa: B027 - optional hook
-        """Stop/forget the chunk (called when the transfer ends early)."""
+    def abort(self) -> bool:
+        """Stop the chunk early if possible; True once nothing of it is still running
+        (False: the server keeps polling it before the grant hold is given back)."""
+        return True
 
 
 class ReadyChunk(PendingChunk):
@@ -60,6 +62,9 @@ class SenderPlane(ABC):
     @abstractmethod
     def open_sink(self, sink: bytes) -> Any:
         """Parse and check D's sink; raise ValueError if it is malformed or unusable."""
+
+    def check_destinations(self, sink: Any, pages: Sequence[PageCopy]) -> None:
+        """Raise ValueError if a destination page lies outside what the sink offers."""
 
     def max_chunk_bytes(self, sink: Any, default: int) -> int:
         """The largest chunk this sink accepts (shm: the slot size)."""
@@ -95,6 +100,7 @@ class ReceiverPlane(ABC):
     def land(
         self,
         transfer_id: str,
+        index: int,
         slot: int,
         pages: Sequence[PageCopy],
         frames: Sequence[Any],

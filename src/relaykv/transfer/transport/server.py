@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_WINDOW = 64
 DONE_GRACE_S = 5.0  # how long a finished transfer waits for D's Ack
+ORPHAN_WAIT_S = 60.0  # how long an unstoppable write of an ended transfer is awaited
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class TransferServer:
         self._faults = NO_FAULTS
         self._events: deque[ServeEvent] = deque()
         self._jobs: dict[tuple[bytes, str], _Job] = {}
+        self._orphans: list[tuple[PendingChunk, Grant, float]] = []
         self._stats = {"bytes_sent": 0, "pages_sent": 0, "reads": 0, "refused": 0}
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -195,6 +197,8 @@ class TransferServer:
                 if poller.poll(self._poll_timeout_ms()):
                     self._drain()
                 self._advance_all()
+                if self._orphans:
+                    self._poll_orphans()
                 now = time.monotonic()
                 if now - last_sweep > 0.05:
                     last_sweep = now
@@ -208,7 +212,7 @@ class TransferServer:
 
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
-        wait = 50.0
+        wait = 1.0 if self._orphans else 50.0
         for job in self._jobs.values():
             if job.pending:
                 return 1 if not self._can_send(job, now) else 0
@@ -261,6 +265,7 @@ class TransferServer:
             grant = self.grants.check_read(msg.request_id, pages)
             try:
                 sink = self._plane.open_sink(msg.sink)
+                self._plane.check_destinations(sink, pages)
             except (ValueError, KeyError, OSError, TransferError, msgspec.MsgspecError) as exc:
                 raise TransferRefused(f"unusable destination: {exc}") from exc
             if (identity, msg.transfer_id) in self._jobs:
@@ -414,14 +419,36 @@ class TransferServer:
         self._finish(job)
 
     def _finish(self, job: _Job) -> None:
-        """Forget a job; abort its in-flight chunks and give back their grant holds."""
+        """Forget a job; abort its in-flight chunks. A chunk that cannot be stopped stays
+        an orphan, polled until done, so `release` still waits for it (safety rule 4)."""
         while job.pending:
             _, _, _, pending, _ = job.pending.popleft()
             try:
-                pending.abort()
-            finally:
+                stopped = pending.abort()
+            except Exception:
+                log.exception("kv transfer server: abort failed")
+                stopped = False
+            if stopped:
                 self.grants.end(job.grant)
+            else:
+                self._orphans.append((pending, job.grant, time.monotonic() + ORPHAN_WAIT_S))
         self._jobs.pop((job.identity, job.transfer_id), None)
+
+    def _poll_orphans(self) -> None:
+        now = time.monotonic()
+        still = []
+        for pending, grant, give_up in self._orphans:
+            try:
+                finished = pending.poll()
+            except TransferError:
+                finished = True
+            if finished or now > give_up:
+                if not finished:
+                    log.error("kv transfer server: a write did not finish in %ss", ORPHAN_WAIT_S)
+                self.grants.end(grant)
+            else:
+                still.append((pending, grant, give_up))
+        self._orphans = still
 
     def _send(self, identity: bytes, msg: Any, frames: Iterable[Any] = ()) -> None:
         parts = [identity, self._codec.encode(msg), *frames]

@@ -100,6 +100,7 @@ class ShmReceiver(ReceiverPlane):
     def land(
         self,
         transfer_id: str,
+        index: int,
         slot: int,
         pages: Sequence[PageCopy],
         frames: Sequence[Any],

@@ -50,6 +50,7 @@ class TcpReceiver(ReceiverPlane):
     def land(
         self,
         transfer_id: str,
+        index: int,
         slot: int,
         pages: Sequence[PageCopy],
         frames: Sequence[Any],
