@@ -89,7 +89,9 @@ class KVTransport(ABC):
             raise TransportUnavailable(f"--kv-transport {cls.name}: {reason}")
 
     @abstractmethod
-    def sender_plane(self, buffer: Any, layout: PageLayout, options: TransportOptions) -> SenderPlane:
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
         ...
 
     @abstractmethod

@@ -16,6 +16,7 @@ Rules for the caller (the connector):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -266,10 +267,8 @@ class TransferClient:
             poller.register(peer.monitor, zmq.POLLIN)
         ready = dict(poller.poll(self._poll_timeout_ms()))
         if self._wake_r in ready:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
         while True:
             try:
                 job = self._submit.get_nowait()
@@ -377,7 +376,8 @@ class TransferClient:
             try:
                 msg = self._codec.decode_to_client(parts[0].buffer)
             except Exception as exc:
-                log.warning("kv transfer client: undecodable message from %s (%s)", peer.endpoint, exc)
+                log.warning("kv transfer client: undecodable message from %s (%s)",
+                            peer.endpoint, exc)
                 continue
             job = self._jobs.get(msg.transfer_id)
             if job is None:
@@ -389,7 +389,10 @@ class TransferClient:
 
     def _on_message(self, job: _ReadJob, msg: wire.ToClient, frames: list) -> None:
         if isinstance(msg, wire.Refused | wire.Failed):
-            raise error_from_code(msg.code, f"{job.peer.endpoint}: {msg.reason}")
+            # the server has stopped this transfer: its resources can be reused at once
+            self._fail(job, error_from_code(msg.code, f"{job.peer.endpoint}: {msg.reason}"),
+                       clean=True)
+            return
         if isinstance(msg, wire.Done):
             job.claimed = msg.num_pages
             return
@@ -421,11 +424,11 @@ class TransferClient:
             self._send(job.peer, wire.Credit(tid, chunk.index))
         if job.landed_page == len(job.pages):
             self._succeed(job)
-        elif job.claimed is not None:
-            raise ShortTransferError(
+        elif job.claimed is not None and not job.announced:
+            self._fail(job, ShortTransferError(
                 f"sender claimed {job.claimed} pages but only {job.landed_page} of "
                 f"{len(job.pages)} arrived: destination is garbage"
-            )
+            ), clean=True)  # the sender said Done: it writes nothing more
 
     def _check_time(self, job: _ReadJob, now: float) -> None:
         if job.handle.transfer_id not in self._jobs:
@@ -456,13 +459,14 @@ class TransferClient:
             time.monotonic() - handle.started))
         self._finished.append(handle)
 
-    def _fail(self, job: _ReadJob, exc: TransferError) -> None:
+    def _fail(self, job: _ReadJob, exc: TransferError, clean: bool = False) -> None:
+        """End a job with `exc`. `clean`: the server is known to write nothing more."""
         tid = job.handle.transfer_id
         if tid not in self._jobs:
             return
         if job.sent and job.peer.connected:
             self._send(job.peer, wire.Ack(tid, False, exc.code, str(exc)))
-        self._forget(job, clean=False)
+        self._forget(job, clean=clean)
         self._stats["failed"] += 1
         job.handle._future.set_exception(exc)
         self._finished.append(job.handle)

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relaykv.transfer.transport.errors import LeaseExpired, TransferRefused
 from relaykv.transfer.transport.layout import NULL_BLOCK, PageCopy, PageLayout
+
+REMEMBER_EXPIRED = 4096
 
 
 @dataclass(slots=True)
@@ -39,6 +42,8 @@ class GrantTable:
     clock: Callable[[], float] = time.monotonic
     _grants: dict[str, Grant] = field(default_factory=dict)
     _cond: threading.Condition = field(default_factory=threading.Condition)
+    # recently expired ids, so a late reader hears "lease expired", not "unknown"
+    _expired: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     # -- engine side ----------------------------------------------------------------
     def allow(
@@ -61,6 +66,7 @@ class GrantTable:
             if request_id in self._grants:
                 raise ValueError(f"request {request_id!r} is already allowed; release it first")
             self._grants[request_id] = Grant(request_id, checked, float(lease_deadline))
+            self._expired.pop(request_id, None)
 
     def extend(self, request_id: str, lease_deadline: float) -> None:
         """Move a live grant's deadline (a lease renewal)."""
@@ -137,11 +143,16 @@ class GrantTable:
             gone = [rid for rid, g in self._grants.items() if g.deadline <= now]
             for rid in gone:
                 self._grants.pop(rid).expired = True
+                self._expired[rid] = None
+            while len(self._expired) > REMEMBER_EXPIRED:
+                self._expired.popitem(last=False)
             return gone
 
     def _live(self, request_id: str) -> Grant:
         grant = self._grants.get(request_id)
         if grant is None:
+            if request_id in self._expired:
+                raise LeaseExpired(f"request {request_id!r}: lease expired")
             raise TransferRefused(f"request {request_id!r} is unknown or was released")
         if grant.deadline <= self.clock():
             raise LeaseExpired(f"request {request_id!r}: lease expired")

@@ -31,7 +31,9 @@ class PageLayout:
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2:
-            raise ValueError(f"a KV buffer needs >= 2 blocks (block 0 is null), got {self.num_blocks}")
+            raise ValueError(
+                f"a KV buffer needs >= 2 blocks (block 0 is null), got {self.num_blocks}"
+            )
         if self.block_bytes < 1:
             raise ValueError(f"block_bytes must be >= 1, got {self.block_bytes}")
         if not self.page_bytes:

@@ -128,7 +128,9 @@ class MooncakeSender(SenderPlane):
     def check_destinations(self, sink: MooncakeSink, pages: Sequence[PageCopy]) -> None:
         for page in pages:
             if not 0 < page.dst < sink.num_blocks or page.nbytes > sink.block_bytes:
-                raise ValueError(f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer")
+                raise ValueError(
+                    f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
+                )
 
     def send_chunk(
         self,
@@ -169,7 +171,9 @@ class MooncakeTransport(KVTransport):
             return f"mooncake is not importable ({exc}); install: {INSTALL_HINT}"
         return None
 
-    def sender_plane(self, buffer: Any, layout: PageLayout, options: TransportOptions) -> SenderPlane:
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
         return MooncakeSender(options.host, layout.block_bytes)
 
     def receiver_plane(

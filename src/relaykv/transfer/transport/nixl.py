@@ -15,6 +15,7 @@ Install (CPU machines, keeps torch as is): see docs/transports.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -176,7 +177,9 @@ class NixlSender(SenderPlane):
     def check_destinations(self, sink: NixlSink, pages: Sequence[PageCopy]) -> None:
         for page in pages:
             if not 0 < page.dst < sink.num_blocks or page.nbytes > sink.block_bytes:
-                raise ValueError(f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer")
+                raise ValueError(
+                    f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
+                )
 
     def send_chunk(
         self,
@@ -213,15 +216,11 @@ class NixlSender(SenderPlane):
 
     def close(self) -> None:
         for name in list(self._remotes):
-            try:
+            with contextlib.suppress(Exception):
                 self._agent.remove_remote_agent(name)
-            except Exception:
-                pass
         for reg in self._regs:
-            try:
+            with contextlib.suppress(Exception):
                 self._agent.deregister_memory(reg)
-            except Exception:
-                pass
 
 
 class NixlTransport(KVTransport):
@@ -236,7 +235,9 @@ class NixlTransport(KVTransport):
             return f"nixl is not importable ({exc}); install: {INSTALL_HINT}"
         return None
 
-    def sender_plane(self, buffer: Any, layout: PageLayout, options: TransportOptions) -> SenderPlane:
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
         return NixlSender(buffer, layout)
 
     def receiver_plane(

@@ -63,7 +63,7 @@ class SenderPlane(ABC):
     def open_sink(self, sink: bytes) -> Any:
         """Parse and check D's sink; raise ValueError if it is malformed or unusable."""
 
-    def check_destinations(self, sink: Any, pages: Sequence[PageCopy]) -> None:
+    def check_destinations(self, sink: Any, pages: Sequence[PageCopy]) -> None:  # noqa: B027
         """Raise ValueError if a destination page lies outside what the sink offers."""
 
     def max_chunk_bytes(self, sink: Any, default: int) -> int:

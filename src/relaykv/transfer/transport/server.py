@@ -9,6 +9,7 @@ slow or dead reader never stops the others; a reader's credits bound what is que
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -344,7 +345,8 @@ class TransferServer:
                 self._fail(job, exc)
             except zmq.ZMQError as exc:  # the reader is gone (ROUTER_MANDATORY)
                 self._events.append(
-                    ServeEvent("read_failed", job.request_id, job.transfer_id, 0, f"reader gone: {exc}")
+                    ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
+                               f"reader gone: {exc}")
                 )
                 self._finish(job)
 
@@ -406,16 +408,15 @@ class TransferServer:
             if now > job.deadline:
                 if not job.done_sent:
                     self._events.append(
-                        ServeEvent("read_failed", job.request_id, job.transfer_id, 0, "reader timed out")
+                        ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
+                                   "reader timed out")
                     )
                 self._finish(job)
 
     def _fail(self, job: _Job, exc: TransferError) -> None:
         self._events.append(ServeEvent("read_failed", job.request_id, job.transfer_id, 0, str(exc)))
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._send(job.identity, wire.Failed(job.transfer_id, exc.code, str(exc)))
-        except zmq.ZMQError:
-            pass
         self._finish(job)
 
     def _finish(self, job: _Job) -> None:

@@ -15,6 +15,7 @@ a reader cannot point P at another file.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -47,10 +48,8 @@ class ShmSink(msgspec.Struct, frozen=True):
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class StagingArea:
@@ -185,7 +184,9 @@ class ShmSender(SenderPlane):
     ) -> PendingChunk:
         staged = sink[0][self.slot_of(sink, index)]
         if sum(p.nbytes for p in pages) > staged.size:
-            raise TransferError(f"chunk of {len(pages)} pages does not fit a {staged.size}-byte slot")
+            raise TransferError(
+                f"chunk of {len(pages)} pages does not fit a {staged.size}-byte slot"
+            )
         offset = 0
         for i, page in enumerate(pages):
             np.copyto(staged[offset : offset + page.nbytes], src[page.src, : page.nbytes])
@@ -208,7 +209,9 @@ class ShmTransport(KVTransport):
             return f"{SHM_DIR} does not exist (Linux shared memory is required)"
         return None
 
-    def sender_plane(self, buffer: Any, layout: PageLayout, options: TransportOptions) -> SenderPlane:
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
         return ShmSender()
 
     def receiver_plane(

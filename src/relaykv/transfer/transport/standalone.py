@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -70,18 +71,21 @@ def _command(server: Any, line: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="relaykv-transfer-peer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="relaykv-transfer-peer", description=__doc__.split("\n")[0]
+    )
     add_transport_arguments(parser)
     parser.add_argument("--num-blocks", type=int, required=True)
     parser.add_argument("--block-bytes", type=int, required=True)
     parser.add_argument("--page-bytes", required=True, help="comma-separated, one per group")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine-id", default="peer")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20)
     args = parser.parse_args(argv)
     try:
         layout = PageLayout(args.num_blocks, args.block_bytes,
                             tuple(int(x) for x in args.page_bytes.split(",")))
-        options = options_from_args(args)
+        options = replace(options_from_args(args), chunk_bytes=args.chunk_bytes)
     except ValueError as exc:
         parser.error(str(exc))
     server = get_transport(args.kv_transport).create_server(
@@ -107,7 +111,8 @@ class StandalonePeer:
     """Spawn and drive a standalone serving process (tests, benchmarks)."""
 
     def __init__(self, transport: str, layout: PageLayout, seed: int = 0,
-                 host: str = "127.0.0.1", start_timeout_s: float = 60.0) -> None:
+                 host: str = "127.0.0.1", chunk_bytes: int = 4 << 20,
+                 start_timeout_s: float = 60.0) -> None:
         self.layout = layout
         self.seed = seed
         cmd = [
@@ -115,6 +120,7 @@ class StandalonePeer:
             "--kv-transport", transport, "--kv-transfer-host", host,
             "--num-blocks", str(layout.num_blocks), "--block-bytes", str(layout.block_bytes),
             "--page-bytes", ",".join(map(str, layout.page_bytes)), "--seed", str(seed),
+            "--chunk-bytes", str(chunk_bytes),
         ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
@@ -143,7 +149,8 @@ class StandalonePeer:
 
     def allow(self, request_id: str, blocks: dict[int, list[int]], lease_s: float = 30.0) -> None:
         self.call("allow", request_id=request_id,
-                  blocks={str(g): list(map(int, ids)) for g, ids in blocks.items()}, lease_s=lease_s)
+                  blocks={str(g): list(map(int, ids)) for g, ids in blocks.items()},
+                  lease_s=lease_s)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -62,7 +62,8 @@ class TcpReceiver(ReceiverPlane):
             data = np.frombuffer(frame.buffer, dtype=np.uint8)
             if data.size != page.nbytes:
                 raise ShortTransferError(
-                    f"page for dst block {page.dst}: {data.size} bytes arrived, {page.nbytes} expected"
+                    f"page for dst block {page.dst}: {data.size} bytes arrived, "
+                    f"{page.nbytes} expected"
                 )
             dst[page.dst, : page.nbytes] = data
         return True
@@ -72,7 +73,9 @@ class TcpTransport(KVTransport):
     name = "tcp"
     summary = "pages as ZeroMQ frames over TCP (two hosts, no extra libraries)"
 
-    def sender_plane(self, buffer: Any, layout: PageLayout, options: TransportOptions) -> SenderPlane:
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
         return TcpSender()
 
     def receiver_plane(
