@@ -20,6 +20,7 @@ from relaykv.transfer.transport import (
     get_transport,
 )
 from relaykv.transfer.transport.registry import TRANSPORT_NAMES, transport_class
+from relaykv.transfer.transport.shm import SharedKVBuffer
 from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
 
 # Three groups with different page sizes in one buffer (one of them odd-sized), so a
@@ -31,10 +32,12 @@ OPTIONS = TransportOptions(chunk_bytes=16384, window=2, timeout_s=10.0, connect_
                            staging_bytes=16384 * 8)
 
 
-def transport_params() -> list[Any]:
+def transport_params(variants: bool = False) -> list[Any]:
+    """Every transport; with `variants`, also shm in direct mode (D's buffer shared)."""
+    names = [*TRANSPORT_NAMES, *(["shm:direct"] if variants else [])]
     params = []
-    for name in TRANSPORT_NAMES:
-        reason = transport_class(name).availability()
+    for name in names:
+        reason = transport_class(name.split(":")[0]).availability()
         marks = [pytest.mark.skip(reason=f"{name}: {reason}")] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params
@@ -92,30 +95,39 @@ class Pair:
     client: TransferClient
     dst: np.ndarray
     transport: str
+    push: bool  # P writes D's pages itself (nixl, mooncake, shm direct)
 
 
-@pytest.fixture(scope="module", params=transport_params())
+@pytest.fixture(scope="module", params=transport_params(variants=True))
 def transport_name(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module", params=["inproc", "subproc"])
 def pair_module(request: pytest.FixtureRequest, transport_name: str) -> Iterator[Pair]:
-    transport = get_transport(transport_name)
+    name, _, variant = transport_name.partition(":")
+    transport = get_transport(name)
     src = seeded_buffer(LAYOUT, SEED)
     if request.param == "inproc":
         server = transport.create_server(src, LAYOUT, engine_id="P-test", options=OPTIONS)
         source = Source(server.descriptor, src, server)
     else:
-        peer = StandalonePeer(transport_name, LAYOUT, seed=SEED, chunk_bytes=OPTIONS.chunk_bytes)
+        peer = StandalonePeer(name, LAYOUT, seed=SEED, chunk_bytes=OPTIONS.chunk_bytes)
         source = Source(peer.descriptor, src, peer)
-    dst = np.zeros((LAYOUT.num_blocks, LAYOUT.block_bytes), dtype=np.uint8)
+    shared = SharedKVBuffer(LAYOUT) if variant == "direct" else None
+    if shared is not None:
+        dst = shared.array
+    else:
+        dst = np.zeros((LAYOUT.num_blocks, LAYOUT.block_bytes), dtype=np.uint8)
     client = transport.create_client(dst, LAYOUT, engine_id="D-test", options=OPTIONS)
+    push = name in ("nixl", "mooncake") or shared is not None
     try:
-        yield Pair(source, client, dst, transport_name)
+        yield Pair(source, client, dst, transport_name, push)
     finally:
         client.close()
         source.backend.close()
+        if shared is not None:
+            shared.close()
 
 
 @pytest.fixture

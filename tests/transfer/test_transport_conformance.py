@@ -139,8 +139,10 @@ def test_corruption_is_detected_and_server_keeps_serving(pair: Pair) -> None:
     pair.source.allow(request, {0: [15, 16, 17]})
     pair.source.inject(FaultPlan(corrupt_page=1, request_ids=frozenset({request})))
     pages = [PageCopy(0, b, b + 30, 8192) for b in (15, 16, 17)]
-    with pytest.raises(IntegrityError, match="page 1"):
+    with pytest.raises(IntegrityError, match="page 1") as info:
         pair.client.read(pair.source.descriptor, request, pages)
+    # with a push transport P may still be writing when D gives up on its own
+    assert info.value.dst_quiesced is not pair.push
     healthy = rid("after-corrupt")
     pair.source.allow(healthy, {0: [18]})
     pair.dst[:] = 0
@@ -154,8 +156,9 @@ def test_short_transfer_is_detected(pair: Pair) -> None:
     pair.source.allow(request, {2: [19, 20, 21]})
     pair.source.inject(FaultPlan(short=True))
     pages = [PageCopy(2, b, b + 20, 1000) for b in (19, 20, 21)]
-    with pytest.raises(ShortTransferError):
+    with pytest.raises(ShortTransferError) as info:
         pair.client.read(pair.source.descriptor, request, pages)
+    assert info.value.dst_quiesced  # P said Done: it writes nothing more
 
 
 def test_dropped_read_times_out_on_time(pair: Pair) -> None:

@@ -466,6 +466,7 @@ class TransferClient:
             return
         if job.sent and job.peer.connected:
             self._send(job.peer, wire.Ack(tid, False, exc.code, str(exc)))
+        exc.dst_quiesced = clean or not self._plane.remote_writes
         self._forget(job, clean=clean)
         self._stats["failed"] += 1
         job.handle._future.set_exception(exc)

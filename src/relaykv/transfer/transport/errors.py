@@ -10,9 +10,17 @@ from __future__ import annotations
 
 
 class TransferError(RuntimeError):
-    """A transfer did not complete; its destination pages are garbage."""
+    """A transfer did not complete; its destination pages are garbage.
+
+    `dst_quiesced` (set by the client): False when a push transport (nixl, mooncake, shm
+    direct) failed on D's side (timeout, integrity, lost peer) before P confirmed it had
+    stopped; P may then still land a chunk it had in flight. The caller must keep those
+    destination blocks out of reuse for a while (the transport's write timeout) or until
+    P's `read_failed` event; when True nothing writes them any more.
+    """
 
     code = "failed"
+    dst_quiesced = True
 
 
 class TransferRefused(TransferError):

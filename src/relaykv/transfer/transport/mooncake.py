@@ -59,6 +59,8 @@ class MooncakeSink(msgspec.Struct, frozen=True):
 
 
 class MooncakeReceiver(ReceiverPlane):
+    remote_writes = True
+
     def __init__(self, buffer: np.ndarray, layout: PageLayout, host: str) -> None:
         self._engine, session = _new_engine(host)
         self._base = buffer.ctypes.data

@@ -59,6 +59,8 @@ class NixlSink(msgspec.Struct, frozen=True):
 
 
 class NixlReceiver(ReceiverPlane):
+    remote_writes = True
+
     def __init__(self, buffer: np.ndarray, layout: PageLayout) -> None:
         self._agent = _new_agent("d")
         self._buffer = buffer

@@ -30,9 +30,16 @@ from relaykv.transfer.transport.layout import PageCopy
 
 
 class PendingChunk(ABC):
-    """A chunk the sender has started. `frames` go after the header (tcp only)."""
+    """A chunk the sender has started. `frames` go after the header (tcp only).
+
+    `digests`: a staging plane hashes each page right after copying it (still in cache)
+    and sets them here; otherwise (None) the server hashes the source pages itself.
+    Either way a digest is of the bytes P read from the source page, before any fault
+    injection flips one.
+    """
 
     frames: Sequence[Any] = ()
+    digests: list[int] | None = None
 
     @abstractmethod
     def poll(self) -> bool:
@@ -47,10 +54,11 @@ class PendingChunk(ABC):
 class ReadyChunk(PendingChunk):
     """A chunk that was completed synchronously."""
 
-    __slots__ = ("frames",)
+    __slots__ = ("digests", "frames")
 
-    def __init__(self, frames: Sequence[Any] = ()) -> None:
+    def __init__(self, frames: Sequence[Any] = (), digests: list[int] | None = None) -> None:
         self.frames = frames
+        self.digests = digests
 
     def poll(self) -> bool:
         return True
@@ -90,7 +98,13 @@ class SenderPlane(ABC):
 
 
 class ReceiverPlane(ABC):
-    """D side of a transport (used from the client's IO thread only, after construction)."""
+    """D side of a transport (used from the client's IO thread only, after construction).
+
+    `remote_writes`: True when P writes D's destination pages itself (push transports);
+    then a failure D detects alone does not prove that nothing writes them any more.
+    """
+
+    remote_writes = False
 
     @abstractmethod
     def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int] | None:

@@ -370,10 +370,12 @@ class TransferServer:
         pages = job.pages[first : first + count]
         self.grants.begin(job.grant)  # raises if released/expired: nothing more is read
         try:
-            digests = source_digests(self._buffer, pages)
             pending = self._plane.send_chunk(
                 job.sink, self._buffer, pages, index, job.transfer_id, corrupt
             )
+            digests = pending.digests
+            if digests is None:  # the grant is held: the source cannot change meanwhile
+                digests = source_digests(self._buffer, pages)
         except BaseException:
             self.grants.end(job.grant)
             raise

@@ -14,6 +14,7 @@ import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.errors import ShortTransferError
+from relaykv.transfer.transport.integrity import page_digest
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, ReceiverPlane, SenderPlane
 
@@ -33,14 +34,16 @@ class TcpSender(SenderPlane):
         corrupt: int | None,
     ) -> PendingChunk:
         frames: list[bytes] = []
+        digests = []
         for i, page in enumerate(pages):
             data = src[page.src, : page.nbytes].tobytes()  # a copy: P may reuse the block
+            digests.append(page_digest(data))
             if i == corrupt:
                 flipped = bytearray(data)
                 flipped[len(flipped) // 2] ^= 0xFF
                 data = bytes(flipped)
             frames.append(data)
-        return ReadyChunk(frames)
+        return ReadyChunk(frames, digests)
 
 
 class TcpReceiver(ReceiverPlane):
