@@ -90,23 +90,32 @@ class MooncakeReceiver(ReceiverPlane):
 
 
 class _MooncakeWrite(PendingChunk):
-    def __init__(self, engine: Any, batch_id: int) -> None:
+    """One write per page: with 0.3.13.post1, `transfer_check_status` on a multi-entry
+    batch reported success before every entry had landed (the digest check caught it),
+    so each page gets its own batch id."""
+
+    def __init__(self, engine: Any, batch_ids: list[int], error: str | None = None) -> None:
         self._engine = engine
-        self._batch_id = batch_id
-        self._state = 0
+        self._running = list(batch_ids)
+        self._error = error  # raised once the writes that did start have finished
 
     def poll(self) -> bool:
-        if self._state == 0:
-            self._state = self._engine.transfer_check_status(self._batch_id)
-        if self._state == 0:
-            return False
-        if self._state != 1:
-            reason = "timed out" if self._state == -2 else "failed"
-            raise TransferError(f"Mooncake write {reason} ({self._state})")
-        return True
+        still = []
+        for batch_id in self._running:
+            state = self._engine.transfer_check_status(batch_id)
+            if state == 0:
+                still.append(batch_id)
+            elif state != 1:
+                self._running = []
+                reason = "timed out" if state == -2 else "failed"
+                raise TransferError(f"Mooncake write {reason} ({state})")
+        self._running = still
+        if not still and self._error is not None:
+            raise TransferError(self._error)
+        return not still
 
     def abort(self) -> bool:
-        # Mooncake cannot cancel a write: report whether it is still running
+        # Mooncake cannot cancel a write: report whether any is still running
         try:
             return self.poll()
         except TransferError:
@@ -155,10 +164,14 @@ class MooncakeSender(SenderPlane):
             sources.append(addr)
             targets.append(sink.base + page.dst * sink.block_bytes)
             lengths.append(page.nbytes)
-        batch_id = self._engine.batch_transfer_async_write(sink.session, sources, targets, lengths)
-        if not batch_id or batch_id < 0:
-            raise TransferError(f"Mooncake could not start a write to {sink.session}")
-        return _MooncakeWrite(self._engine, batch_id)
+        batch_ids = []
+        for source, target, length in zip(sources, targets, lengths, strict=True):
+            batch_id = self._engine.transfer_submit_write(sink.session, source, target, length)
+            if batch_id < 0:
+                error = f"Mooncake could not start a write to {sink.session} ({batch_id})"
+                return _MooncakeWrite(self._engine, batch_ids, error)
+            batch_ids.append(batch_id)
+        return _MooncakeWrite(self._engine, batch_ids)
 
 
 class MooncakeTransport(KVTransport):
