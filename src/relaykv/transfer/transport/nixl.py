@@ -1,0 +1,248 @@
+"""`--kv-transport nixl`: NIXL with its UCX backend on registered host memory (DRAM).
+
+Push on request, so the allow-list is enforced for real: D registers its KV buffer with
+its own NIXL agent and sends P its agent metadata and buffer address in the Read; P
+validates the read against the allow-list, then WRITEs the allowed pages into D's
+buffer with a notification per chunk. D treats a chunk as landed only when that
+notification has arrived (UCX delivers it after the chunk's data), then verifies the
+digests. P's agent metadata is never published, so D holds no remote key to P's memory
+and cannot READ it. (Caveat, docs/transports.md: a remote key is a capability only as
+strong as UCX makes it; on one host, any process of the same user can read P's memory
+through the OS anyway.)
+
+Install (CPU machines, keeps torch as is): see docs/transports.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from relaykv.transfer.transport.base import KVTransport, TransportOptions
+from relaykv.transfer.transport.errors import TransferError
+from relaykv.transfer.transport.layout import PageCopy, PageLayout
+from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
+
+INSTALL_HINT = (
+    "pip install nixl-cu12==1.5.1 && pip install --no-deps nixl==1.5.1 "
+    "(after torch; see docs/transports.md)"
+)
+
+
+@cache
+def _nixl_api() -> Any:
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    logging.getLogger("nixl").setLevel(logging.WARNING)  # it logs INFO to stdout
+    return nixl_agent, nixl_agent_config
+
+
+def _new_agent(prefix: str) -> Any:
+    nixl_agent, nixl_agent_config = _nixl_api()
+    name = f"relaykv-{prefix}-{uuid.uuid4().hex}"
+    return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+
+
+class NixlSink(msgspec.Struct, frozen=True):
+    agent: str
+    metadata: bytes
+    base: int
+    num_blocks: int
+    block_bytes: int
+
+
+class NixlReceiver(ReceiverPlane):
+    remote_writes = True
+
+    def __init__(self, buffer: np.ndarray, layout: PageLayout) -> None:
+        self._agent = _new_agent("d")
+        self._buffer = buffer
+        self._reg = self._agent.register_memory(
+            [(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"
+        )
+        self._sink = msgspec.msgpack.encode(NixlSink(
+            self._agent.name, self._agent.get_agent_metadata(), buffer.ctypes.data,
+            layout.num_blocks, layout.block_bytes,
+        ))
+        self._active: set[str] = set()
+        self._landed: set[str] = set()
+
+    def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int]:
+        self._active.add(transfer_id)
+        return self._sink, window
+
+    def progress(self) -> bool:
+        notifs = self._agent.get_new_notifs()
+        got = False
+        for messages in notifs.values():
+            for raw in messages:
+                tag = raw.decode(errors="replace")
+                if tag.partition(":")[0] in self._active:
+                    self._landed.add(tag)
+                    got = True
+        return got
+
+    def wants_fast_poll(self) -> bool:
+        return True
+
+    def land(
+        self,
+        transfer_id: str,
+        index: int,
+        slot: int,
+        pages: Sequence[PageCopy],
+        frames: Sequence[Any],
+        dst: np.ndarray,
+    ) -> bool:
+        tag = f"{transfer_id}:{index}"
+        if tag not in self._landed:
+            return False
+        self._landed.discard(tag)
+        return True
+
+    def forget(self, transfer_id: str, clean: bool) -> None:
+        self._active.discard(transfer_id)
+        self._landed = {t for t in self._landed if not t.startswith(transfer_id)}
+
+    def close(self) -> None:
+        try:
+            self._agent.deregister_memory(self._reg)
+        except Exception:  # closing anyway
+            logging.getLogger(__name__).debug("nixl deregister failed", exc_info=True)
+
+
+class _NixlWrite(PendingChunk):
+    def __init__(self, agent: Any, handle: Any) -> None:
+        self._agent = agent
+        self._handle = handle
+        self._released = False
+
+    def poll(self) -> bool:
+        if self._released:
+            return True
+        state = self._agent.check_xfer_state(self._handle)
+        if state == "PROC":
+            return False
+        self._release()
+        if state != "DONE":
+            raise TransferError(f"NIXL write failed ({state})")
+        return True
+
+    def abort(self) -> bool:
+        try:
+            self._release()  # NIXL cancels an active transfer on release
+            return True
+        except Exception:
+            return False
+
+    def _release(self) -> None:
+        if not self._released:
+            self._agent.release_xfer_handle(self._handle)
+            self._released = True
+
+
+class NixlSender(SenderPlane):
+    def __init__(self, buffer: np.ndarray, layout: PageLayout) -> None:
+        self._agent = _new_agent("p")
+        self._scratch = np.zeros(layout.block_bytes, dtype=np.uint8)  # fault injection only
+        self._regs = [
+            self._agent.register_memory([(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"),
+            self._agent.register_memory(
+                [(self._scratch.ctypes.data, self._scratch.nbytes, 0, "")], "DRAM"
+            ),
+        ]
+        self._remotes: dict[str, bytes] = {}
+
+    def open_sink(self, sink: bytes) -> NixlSink:
+        spec = msgspec.msgpack.decode(sink, type=NixlSink)
+        if spec.num_blocks < 2 or spec.block_bytes < 1 or spec.base <= 0:
+            raise ValueError("NIXL sink describes no buffer")
+        known = self._remotes.get(spec.agent)
+        if known != spec.metadata:
+            if known is not None:
+                self._agent.remove_remote_agent(spec.agent)
+            loaded = self._agent.add_remote_agent(spec.metadata)
+            loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+            if loaded != spec.agent:
+                self._agent.remove_remote_agent(loaded)
+                raise ValueError(f"NIXL metadata is for agent {loaded!r}, not {spec.agent!r}")
+            self._remotes[spec.agent] = spec.metadata
+        return spec
+
+    def check_destinations(self, sink: NixlSink, pages: Sequence[PageCopy]) -> None:
+        for page in pages:
+            if not 0 < page.dst < sink.num_blocks or page.nbytes > sink.block_bytes:
+                raise ValueError(
+                    f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
+                )
+
+    def send_chunk(
+        self,
+        sink: NixlSink,
+        src: np.ndarray,
+        pages: Sequence[PageCopy],
+        index: int,
+        transfer_id: str,
+        corrupt: int | None,
+    ) -> PendingChunk:
+        base = src.ctypes.data
+        row = src.shape[1]
+        local, remote = [], []
+        for i, page in enumerate(pages):
+            addr = base + page.src * row
+            if i == corrupt:
+                self._scratch[: page.nbytes] = src[page.src, : page.nbytes]
+                self._scratch[page.nbytes // 2] ^= 0xFF
+                addr = self._scratch.ctypes.data
+            local.append((addr, page.nbytes, 0))
+            remote.append((sink.base + page.dst * sink.block_bytes, page.nbytes, 0))
+        handle = self._agent.initialize_xfer(
+            "WRITE",
+            self._agent.get_xfer_descs(local, "DRAM"),
+            self._agent.get_xfer_descs(remote, "DRAM"),
+            sink.agent,
+            f"{transfer_id}:{index}".encode(),
+        )
+        write = _NixlWrite(self._agent, handle)
+        if self._agent.transfer(handle) == "ERR":
+            write.abort()
+            raise TransferError("NIXL refused to post the write")
+        return write
+
+    def close(self) -> None:
+        for name in list(self._remotes):
+            with contextlib.suppress(Exception):
+                self._agent.remove_remote_agent(name)
+        for reg in self._regs:
+            with contextlib.suppress(Exception):
+                self._agent.deregister_memory(reg)
+
+
+class NixlTransport(KVTransport):
+    name = "nixl"
+    summary = "NIXL (UCX backend) on registered host memory; P writes into D (push)"
+
+    @classmethod
+    def availability(cls) -> str | None:
+        try:
+            _nixl_api()
+        except Exception as exc:  # ImportError, or a backend that fails to load
+            return f"nixl is not importable ({exc}); install: {INSTALL_HINT}"
+        return None
+
+    def sender_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> SenderPlane:
+        return NixlSender(buffer, layout)
+
+    def receiver_plane(
+        self, buffer: Any, layout: PageLayout, options: TransportOptions
+    ) -> ReceiverPlane:
+        return NixlReceiver(buffer, layout)

@@ -1,0 +1,72 @@
+"""`--kv-transport` names -> transports, plus the CLI flags every engine command shares."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from relaykv.transfer.transport.base import KVTransport, TransportOptions
+
+DEFAULT_TRANSPORT = "shm"
+
+# name -> "module:Class"; imported on use so a missing optional library (nixl, mooncake)
+# never breaks the others.
+_TRANSPORTS: dict[str, str] = {
+    "shm": "relaykv.transfer.transport.shm:ShmTransport",
+    "tcp": "relaykv.transfer.transport.tcp:TcpTransport",
+    "nixl": "relaykv.transfer.transport.nixl:NixlTransport",
+    "mooncake": "relaykv.transfer.transport.mooncake:MooncakeTransport",
+}
+TRANSPORT_NAMES: tuple[str, ...] = tuple(_TRANSPORTS)
+
+
+def transport_class(name: str) -> type[KVTransport]:
+    try:
+        module_name, cls_name = _TRANSPORTS[name].split(":")
+    except KeyError:
+        raise ValueError(
+            f"unknown KV transport {name!r}; choose from {', '.join(TRANSPORT_NAMES)}"
+        ) from None
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def get_transport(name: str) -> KVTransport:
+    """An instance of the transport called `name` (raises TransportUnavailable if its
+    library is missing; the message says how to install it)."""
+    cls = transport_class(name)
+    cls.require()
+    return cls()
+
+
+def availability() -> dict[str, str | None]:
+    """name -> None if usable here, else the reason."""
+    return {name: transport_class(name).availability() for name in TRANSPORT_NAMES}
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV transfer flags shared by engine commands."""
+    group = parser.add_argument_group("KV transfer")
+    group.add_argument("--kv-transport", choices=TRANSPORT_NAMES, default=DEFAULT_TRANSPORT,
+                       help="how KV pages move between prefill and decode engines "
+                            f"(default {DEFAULT_TRANSPORT}: same host)")
+    group.add_argument("--kv-transfer-host", default="127.0.0.1",
+                       help="address the KV transfer endpoint binds and advertises "
+                            "(a routable address for two hosts; default 127.0.0.1)")
+    group.add_argument("--kv-transfer-port", type=int, default=0,
+                       help="control port of the serving endpoint (default 0: any free port)")
+    group.add_argument("--kv-transfer-timeout", type=float, default=30.0,
+                       help="seconds before a KV read fails (default 30)")
+
+
+def options_from_args(args: argparse.Namespace) -> TransportOptions:
+    """TransportOptions from the flags above; ValueError names the bad flag."""
+    if not 0 <= args.kv_transfer_port < 65536:
+        raise ValueError(f"--kv-transfer-port must be in 0..65535, got {args.kv_transfer_port}")
+    if args.kv_transfer_timeout <= 0:
+        raise ValueError(f"--kv-transfer-timeout must be > 0, got {args.kv_transfer_timeout}")
+    return TransportOptions(
+        host=args.kv_transfer_host,
+        port=args.kv_transfer_port,
+        timeout_s=args.kv_transfer_timeout,
+        connect_timeout_s=min(5.0, args.kv_transfer_timeout),
+    )

@@ -1,0 +1,98 @@
+"""Control messages between a reader (D) and a serving endpoint (P), over ZeroMQ.
+
+Typed msgspec structs encoded as msgpack; a tagged union so each side decodes exactly
+the messages it accepts. Page bytes travel outside these headers: as extra ZeroMQ frames
+(tcp), in a shared-memory staging slot (shm) or written by the RDMA-style engine (nixl,
+mooncake).
+
+Conversation of one transfer (D's DEALER <-> P's ROUTER):
+
+    D -> P  Read(transfer_id, request_id, pages, sink, window, timeout_s)
+    P -> D  Refused(reason)                        nothing copied, end
+    P -> D  Chunk(index, first_page, digests, ...)  up to `window` unacknowledged
+    D -> P  Credit(index)                           D consumed chunk `index`
+    P -> D  Done(num_pages) | Failed(reason)
+    D -> P  Ack(ok, code, reason)                   D's verdict, for P's bookkeeping
+    D -> P  Cancel                                  D gave up (timeout); P stops
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+Page = tuple[int, int, int, int]  # (group, src block, dst block, nbytes)
+
+
+class Read(msgspec.Struct, tag="read", frozen=True):
+    transfer_id: str
+    request_id: str
+    pages: list[Page]
+    sink: bytes  # transport-specific: where P must put the bytes (msgpack of a struct)
+    window: int
+    timeout_s: float
+
+
+class Credit(msgspec.Struct, tag="credit", frozen=True):
+    transfer_id: str
+    index: int
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+    transfer_id: str
+
+
+class Ack(msgspec.Struct, tag="ack", frozen=True):
+    transfer_id: str
+    ok: bool
+    code: str = ""
+    reason: str = ""
+
+
+class Refused(msgspec.Struct, tag="refused", frozen=True):
+    transfer_id: str
+    code: str
+    reason: str
+
+
+class Chunk(msgspec.Struct, tag="chunk", frozen=True):
+    """Pages `[first_page, first_page + len(digests))` of the Read's page list landed
+    (or, for tcp, follow as frames; for shm, sit in staging slot `slot`)."""
+
+    transfer_id: str
+    index: int
+    first_page: int
+    digests: list[int]
+    slot: int = -1
+
+
+class Done(msgspec.Struct, tag="done", frozen=True):
+    transfer_id: str
+    num_pages: int  # pages the sender claims to have sent
+
+
+class Failed(msgspec.Struct, tag="failed", frozen=True):
+    transfer_id: str
+    code: str
+    reason: str
+
+
+ToServer = Read | Credit | Cancel | Ack
+ToClient = Refused | Chunk | Done | Failed
+
+
+class Codec:
+    """Per-thread encoder/decoders (msgspec objects are used from one thread each)."""
+
+    def __init__(self) -> None:
+        self._enc = msgspec.msgpack.Encoder()
+        self._to_server = msgspec.msgpack.Decoder(ToServer)
+        self._to_client = msgspec.msgpack.Decoder(ToClient)
+
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        return self._enc.encode(msg)
+
+    def decode_to_server(self, data: bytes | memoryview) -> ToServer:
+        return self._to_server.decode(data)
+
+    def decode_to_client(self, data: bytes | memoryview) -> ToClient:
+        return self._to_client.decode(data)
