@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
     "bench": ("relaykv.bench.cli", "bench serve: load generator; bench ab: A/B/A runs"),
     "probe": ("relaykv.bench.probe_cli", "P/D prefix-cache probe: x+a, x+b; decode hit counters"),
+    "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),
 }
 
 

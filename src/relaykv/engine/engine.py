@@ -66,9 +66,11 @@ class LLMEngine:
             max_in_flight_tokens=sched.max_num_batched_tokens + k,
             pd_role=config.role != "colocated",
         )
-        self.scheduler = Scheduler(sched, self.manager, k, connector, self.eos_token_ids)
-        self.connector = connector
         self.metrics = EngineMetrics()
+        self.scheduler = Scheduler(
+            sched, self.manager, k, connector, self.eos_token_ids, metrics=self.metrics
+        )
+        self.connector = connector
         self.requests: dict[str, Request] = {}
 
     # -- requests --------------------------------------------------------------------

@@ -78,6 +78,7 @@ class EngineMetrics:
     e2e: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)
+    kv_transfer: Histogram = field(default_factory=Histogram)  # remote KV loads (P/D, decode)
 
     def finished(self, reason: str) -> None:
         self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1

@@ -42,6 +42,7 @@ class Request:
     draft_token_ids: list[int] = field(default_factory=list)
     cache: CacheRequest | None = None
     load: Any = None  # the decode-side KV load while WAITING_FOR_REMOTE_KV
+    load_start_time: float | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None

@@ -19,10 +19,12 @@ then resumes at N-1 (the last prompt token is recomputed for its logits).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from relaykv.engine.connector import KVConnector
+from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
 from relaykv.kvcache import CacheRole, KVCacheManager
 from relaykv.steps import SequenceWork
@@ -52,6 +54,7 @@ class Scheduler:
         num_speculative_tokens: int = 0,
         connector: KVConnector | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
+        metrics: EngineMetrics | None = None,
     ) -> None:
         if config.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
             raise ValueError(f"kv_load_failure must be one of {KV_LOAD_FAILURE_POLICIES}")
@@ -60,6 +63,7 @@ class Scheduler:
         self.k = num_speculative_tokens
         self.connector = connector
         self.eos_token_ids = eos_token_ids
+        self.metrics = metrics if metrics is not None else EngineMetrics()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}
@@ -209,11 +213,21 @@ class Scheduler:
         self.manager.stats.record_local(req.num_tokens, hit.tokens, preempted=req.admitted)
         if not req.admitted:
             req.num_cached_tokens = hit.tokens
+            self._record_group_hits(hit.blocks)
         req.admitted = True
         self.waiting.popleft()
         req.state = RequestState.RUNNING
         self.running.append(req)
         return ScheduledSequence(req, self._work(req, n, []))
+
+    def _record_group_hits(self, blocks: list[list[int]]) -> None:
+        """Per group, the prompt KV a local hit reused (the relaykv:group_prefix_* counters,
+        KVCACHE.md §9): a sliding group only counts its real window blocks, not the nulls."""
+        stats = self.manager.stats
+        for rule in self.manager.rules:
+            b = rule.block_size
+            reused = sum(1 for block in blocks[rule.index] if block) * b
+            stats.record_group_reuse(rule.index, reused, 0, rule.spec.page_bytes, b)
 
     def _preempt(self, req: Request) -> None:
         assert req.cache is not None
@@ -235,6 +249,7 @@ class Scheduler:
         self.waiting.popleft()
         req.admitted = True
         req.load = load
+        req.load_start_time = time.monotonic()
         req.num_cached_tokens = load.local_tokens
         req.num_external_tokens = max(0, req.num_prompt_tokens - 1 - load.local_tokens)
         req.state = RequestState.WAITING_FOR_REMOTE_KV
@@ -258,6 +273,8 @@ class Scheduler:
 
     def _loaded(self, req: Request, ok: bool) -> None:
         del self.loading[req.request_id]
+        if req.load is not None and req.load.needs_transfer and req.load_start_time is not None:
+            self.metrics.kv_transfer.observe(time.monotonic() - req.load_start_time)
         req.load = None
         assert req.cache is not None
         if ok:

@@ -1,0 +1,133 @@
+"""The FastAPI application: routes, the access gate, error handlers, the engine's lifespan.
+
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
+`GET /health`, `GET /metrics`. The gate (a plain ASGI middleware, so streams and
+disconnects pass through untouched) answers every `/v1/...` request with 401 when an API key
+is set and the request's `Authorization: Bearer` does not match, and with 503 while the
+server drains; `/health` turns 503 when draining, `/metrics` always answers.
+
+P/D (issue 5): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
+request to the engine and back. A router or launcher builds the engine with
+`build_engine(options, connector=...)` and serves it with `create_app`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from relaykv.engine import AsyncEngine
+from relaykv.serve import chat, completions
+from relaykv.serve.engine_factory import ServedEngine
+from relaykv.serve.errors import APIError, install_error_handlers
+from relaykv.serve.metrics import engine_registry
+from relaykv.serve.state import ServerState, server_state
+
+log = logging.getLogger("relaykv.serve")
+
+
+class AccessGate:
+    """API key and draining checks in front of `/v1/...` (see module docstring)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            error = self._refusal(scope)
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        key = self.state.api_key
+        if key:
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+                message = "Missing API key" if not given else "Incorrect API key provided"
+                return APIError(
+                    401, f"{message} (send Authorization: Bearer <key>)", code="invalid_api_key"
+                )
+        if self.state.draining:
+            return APIError(503, "the server is shutting down", code="service_unavailable")
+        return None
+
+
+def create_app(
+    served: ServedEngine,
+    *,
+    api_key: str | None = None,
+    drain_timeout: float = 30.0,
+    idle_wait: float = 0.05,
+) -> FastAPI:
+    """An app serving `served`; its engine thread starts and stops with the app's lifespan."""
+    state = ServerState(served, AsyncEngine(served.engine, idle_wait), api_key, drain_timeout)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.engine.start()
+        try:
+            yield
+        finally:
+            await state.stop_engine()
+
+    app = FastAPI(
+        title="relaykv", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.relaykv = state
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    registry = engine_registry(served.engine, served.served_model_name)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        s = server_state(request)
+        try:
+            s.check_accepting()
+        except APIError as exc:
+            return exc.response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        s = server_state(request)
+        return JSONResponse({"object": "list", "data": [model_card(s)]})
+
+    app.add_middleware(AccessGate, state=state)
+    return app
+
+
+def model_card(state: ServerState) -> dict[str, Any]:
+    served = state.served
+    return {
+        "id": served.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "relaykv",
+        "root": served.model.source,
+        "parent": None,
+        "max_model_len": served.max_model_len,
+        "vocab_size": served.vocab_size,
+    }
+
+
+def app_state(app: FastAPI) -> ServerState:
+    state: ServerState = app.state.relaykv
+    return state

@@ -1,0 +1,79 @@
+"""`relaykv serve`: an OpenAI-compatible HTTP server for one engine (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from relaykv.serve.options import OptionError, add_engine_arguments, engine_options
+
+log = logging.getLogger("relaykv.serve")
+API_KEY_ENV = "RELAYKV_API_KEY"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default ${API_KEY_ENV})",
+    )
+    server.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients use (default: the model's name)",
+    )
+    server.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may finish after SIGTERM before they are aborted",
+    )
+    server.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    server.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def say(line: str) -> None:
+    """Startup facts go to stdout (people, launchers) and to the log (log collectors)."""
+    print(f"relaykv serve: {line}", flush=True)
+    log.info(line)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not 0 <= args.port <= 65535:
+        parser.error(f"argument --port: must be in 0..65535, got {args.port}")
+    if args.drain_timeout < 0:
+        parser.error(f"argument --drain-timeout: must be >= 0, got {args.drain_timeout}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        parser.error("argument --served-model-name: must not be empty")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    try:
+        options = engine_options(args)
+    except OptionError as exc:
+        parser.error(str(exc))
+    from relaykv.serve.app import create_app
+    from relaykv.serve.engine_factory import build_engine
+    from relaykv.serve.server import serve_app
+
+    try:
+        served = build_engine(options)
+    except OptionError as exc:
+        parser.error(str(exc))
+    for line in served.summary:
+        say(line)
+    say(f"API key: {'required' if api_key else 'none (anyone on the network may call /v1)'}")
+    app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
+    return serve_app(
+        app,
+        args.host,
+        args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        on_ready=lambda url: say(f"listening on {url} (model {served.served_model_name!r})"),
+    )

@@ -1,0 +1,141 @@
+"""Test servers: the real app over the paging-sensitive reference executor, on loopback.
+
+`reference_served` builds a `ServedEngine` through the real factory (`assemble_engine`)
+around `PacedExecutor`: the reference executor (tests/engine) plus optional per-step delay
+(to keep requests in flight for disconnect and drain tests) and deterministic logprobs.
+`ServerThread` runs uvicorn in a daemon thread on a free port of 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+import uvicorn
+
+from relaykv.kvcache import Geometry, GroupSpec
+from relaykv.serve import EngineOptions, ModelInfo, ServedEngine, assemble_engine
+from relaykv.serve.app import create_app
+from relaykv.steps import StepBatch, StepOutput, TokenLogprobs
+from tests.engine.reference_executor import VOCAB, ReferenceExecutor, with_slot_bytes
+
+HYBRID = Geometry((GroupSpec("full", 4), GroupSpec("sliding", 4, window=10)))
+API_KEY = "test-key"
+
+
+class CharTokenizer:
+    """ids 1..95 are printable ASCII (32..126); every other id decodes to nothing."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) - 31 if 32 <= ord(c) <= 126 else ord("?") - 31 for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i + 31) for i in ids if 1 <= i <= 95)
+
+
+def fake_logprob(token: int) -> float:
+    return -0.1 - (token % 7) / 10
+
+
+class PacedExecutor(ReferenceExecutor):
+    """The reference executor, `delay` seconds per step, logprobs from `fake_logprob`."""
+
+    def __init__(self, geometry: Geometry, num_blocks: int, k: int = 0) -> None:
+        super().__init__(geometry, num_blocks, k=k)
+        self.delay = 0.0
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        if self.delay:
+            time.sleep(self.delay)
+        out = super().execute(batch)
+        for work, seq in zip(batch.sequences, out.sequences, strict=True):
+            k = work.sampling.logprobs
+            if work.sample and k:
+                seq.logprobs = [
+                    TokenLogprobs(
+                        t,
+                        fake_logprob(t),
+                        tuple(((t + j) % VOCAB, fake_logprob(t) - j) for j in range(k)),
+                    )
+                    for t in seq.token_ids
+                ]
+        return out
+
+
+def reference_served(
+    tokenizer: bool = True,
+    num_blocks: int = 400,
+    max_model_len: int = 512,
+    k: int = 0,
+    **options: object,
+) -> ServedEngine:
+    geometry = with_slot_bytes(HYBRID)
+    model = ModelInfo(
+        name="reference",
+        source="tests/engine/reference_executor.py",
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        tokenizer=CharTokenizer() if tokenizer else None,
+    )
+    opts = EngineOptions(
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=64,
+        max_num_seqs=16,
+        **options,  # type: ignore[arg-type]
+    )
+    return assemble_engine(opts, model, geometry, lambda n: PacedExecutor(geometry, n, k=k))
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class ServerThread:
+    """uvicorn serving `create_app(served)` in a daemon thread (no signal handling)."""
+
+    def __init__(self, served: ServedEngine, api_key: str | None = API_KEY) -> None:
+        self.served = served
+        self.app = create_app(served, api_key=api_key, drain_timeout=2.0, idle_wait=0.01)
+        self.sock = free_socket()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    @property
+    def executor(self) -> PacedExecutor:
+        executor = self.served.engine.executor
+        assert isinstance(executor, PacedExecutor)
+        return executor
+
+    def idle(self, timeout: float = 5.0) -> bool:
+        """Wait until the engine holds no request and every block is free again."""
+        engine = self.served.engine
+        pool = engine.manager.pool
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not engine.has_unfinished() and pool.num_free == pool.num_usable:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
