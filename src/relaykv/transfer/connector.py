@@ -65,6 +65,7 @@ class PDConnector:
         engine_id: str,
         options: TransportOptions | None = None,
         lease_seconds: float = 30.0,
+        quarantine_seconds: float = 5.0,
     ) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError(f"a P/D connector needs role prefill or decode, got {role!r}")
@@ -74,6 +75,7 @@ class PDConnector:
         self.manager = manager
         self.engine_id = engine_id
         self.lease_seconds = lease_seconds
+        self.quarantine_seconds = quarantine_seconds
         self.layout = PageLayout.from_geometry(manager.geometry, manager.pool.num_blocks)
         self.metrics = TransferMetrics()
         self.server = None
@@ -88,6 +90,9 @@ class PDConnector:
             )
         self._held: dict[str, CacheRequest] = {}
         self._reads: dict[str, tuple[TransferHandle, KVLoad]] = {}
+        # Failed loads whose destination a push transport may still be writing: their
+        # blocks stay allocated (the load stays pending) until the quarantine ends.
+        self._quarantine: list[tuple[float, KVLoad]] = []
 
     # -- checks (the engine calls this while validating a request) ----------------------
     def validate(self, params: dict[str, Any]) -> None:
@@ -176,19 +181,30 @@ class PDConnector:
                 if event.kind in ("read_ok", "read_failed", "released", "expired"):
                     self._release_held(event.request_id, expired=event.kind == "expired")
         done: list[tuple[KVLoad, bool]] = []
-        if self.client is not None:
-            for handle in self.client.completed():
-                entry = self._reads.pop(handle.transfer_id, None)
-                if entry is None:
-                    continue
-                ok = handle.status == "done"
-                if ok:
-                    self.metrics.reads_ok += 1
-                    self.metrics.transfer_seconds.observe(handle.result().seconds)
-                else:
-                    self.metrics.reads_failed += 1
-                    log.warning("KV read for %s failed: %r", handle.request_id, handle.exception())
-                done.append((entry[1], ok))
+        if self.client is None:
+            return done
+        now = time.monotonic()
+        for handle in self.client.completed():
+            entry = self._reads.pop(handle.transfer_id, None)
+            if entry is None:
+                continue
+            if handle.status == "done":
+                self.metrics.reads_ok += 1
+                self.metrics.transfer_seconds.observe(handle.result().seconds)
+                done.append((entry[1], True))
+                continue
+            self.metrics.reads_failed += 1
+            exc = handle.exception()
+            log.warning("KV read for %s failed: %r", handle.request_id, exc)
+            # D will not retry this read: P may free the blocks now, not at lease expiry.
+            self.client.release_remote(handle.source, handle.request_id)
+            if getattr(exc, "dst_quiesced", True):
+                done.append((entry[1], False))
+            else:
+                self._quarantine.append((now + self.quarantine_seconds, entry[1]))
+        due = [load for deadline, load in self._quarantine if deadline <= now]
+        self._quarantine = [(d, load) for d, load in self._quarantine if d > now]
+        done.extend((load, False) for load in due)
         return done
 
     def shutdown(self) -> None:

@@ -21,8 +21,14 @@ class TransferResult:
 class TransferHandle:
     """One read in flight. `done()` never blocks; `result()` raises the TransferError."""
 
-    def __init__(self, transfer_id: str, request_id: str, source: KVSourceDescriptor,
-                 num_pages: int, nbytes: int) -> None:
+    def __init__(
+        self,
+        transfer_id: str,
+        request_id: str,
+        source: KVSourceDescriptor,
+        num_pages: int,
+        nbytes: int,
+    ) -> None:
         self.transfer_id = transfer_id
         self.request_id = request_id
         self.source = source

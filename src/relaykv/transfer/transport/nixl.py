@@ -68,10 +68,15 @@ class NixlReceiver(ReceiverPlane):
         self._reg = self._agent.register_memory(
             [(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"
         )
-        self._sink = msgspec.msgpack.encode(NixlSink(
-            self._agent.name, self._agent.get_agent_metadata(), buffer.ctypes.data,
-            layout.num_blocks, layout.block_bytes,
-        ))
+        self._sink = msgspec.msgpack.encode(
+            NixlSink(
+                self._agent.name,
+                self._agent.get_agent_metadata(),
+                buffer.ctypes.data,
+                layout.num_blocks,
+                layout.block_bytes,
+            )
+        )
         self._active: set[str] = set()
         self._landed: set[str] = set()
 

@@ -201,6 +201,10 @@ class TransferServer:
             if isinstance(msg, wire.Read):
                 self._on_read(identity, msg)
                 continue
+            if isinstance(msg, wire.Release):
+                if self.grants.allowed(msg.request_id):
+                    self._events.append(ServeEvent("released", msg.request_id))
+                continue
             job = self._jobs.get((identity, msg.transfer_id))
             if job is None:
                 continue
@@ -284,7 +288,9 @@ class TransferServer:
                     self._start_chunk(job, now)
                     self._complete_pending(job)
                 if (
-                    not job.done_sent and not job.dead and not job.pending
+                    not job.done_sent
+                    and not job.dead
+                    and not job.pending
                     and job.next_chunk == len(job.chunks)
                 ):
                     claimed = len(job.pages)  # `short` claims all pages it did not send
@@ -295,8 +301,9 @@ class TransferServer:
                 self._fail(job, exc)
             except zmq.ZMQError as exc:  # the reader is gone (ROUTER_MANDATORY)
                 self._events.append(
-                    ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
-                               f"reader gone: {exc}")
+                    ServeEvent(
+                        "read_failed", job.request_id, job.transfer_id, 0, f"reader gone: {exc}"
+                    )
                 )
                 self._finish(job)
 
@@ -360,8 +367,9 @@ class TransferServer:
             if now > job.deadline:
                 if not job.done_sent:
                     self._events.append(
-                        ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
-                                   "reader timed out")
+                        ServeEvent(
+                            "read_failed", job.request_id, job.transfer_id, 0, "reader timed out"
+                        )
                     )
                 self._finish(job)
 
