@@ -35,8 +35,8 @@ def _phase(pair: PDPair, prompts: dict[str, list[int]], overlap: bool) -> dict[s
             pair.decode(rid, p, pair.prefill(rid, p), 1)
             pair.run()
     after = pair.d.manager.stats.snapshot()
-    for rid, p in prompts.items():
-        assert pair.finished[rid].new_token_ids or pair.finished[rid].num_output_tokens == 1
+    for rid in prompts:
+        assert pair.finished[rid].num_output_tokens == 1
     return {
         k: after[k] - before[k]
         for k in (
@@ -74,7 +74,7 @@ def test_probe_legacy_never_hits_locally() -> None:
 
 
 def test_probe_exact_hits_the_resend_like_a_colocated_engine() -> None:
-    first, serial, overlap = _probe("exact")
+    first, serial, _ = _probe("exact")
     assert first["prefix_cache_hits"] == 0
     # x+a resent: the replay boundary of 230 tokens (A=4, draft peek): 224.
     assert serial["prefix_cache_hits"] == 224
