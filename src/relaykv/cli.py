@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
+    "generate": ("relaykv.model.generate_cli", "offline generation (tiny-hybrid by default)"),
 }
 
 

@@ -65,7 +65,10 @@ def distill_draft(
     order = torch.Generator().manual_seed(DATA_SEED + 1)
     span = length - 2  # positions p with both token p+1 and label p+1 -> token p+2 known
     for _ in tqdm(
-        range(steps), desc="distilling tiny-hybrid draft", disable=not progress, leave=False
+        range(steps),
+        desc="distilling tiny-hybrid draft",
+        disable=None if progress else True,
+        leave=False,
     ):
         pick = torch.randperm(n, generator=order)[:batch]
         ctx_d = DenseContext(rotaries, batch, span, torch.float32)

@@ -96,27 +96,7 @@ class ModelRunner:
         if not seqs:
             return StepOutput([])
         self._validate(seqs)
-        starts, ids, positions = [], [], []
-        for work in seqs:
-            tokens = [*work.token_ids, *work.draft_token_ids]
-            starts.append(len(ids))
-            ids.extend(tokens)
-            positions.extend(range(work.start_position, work.start_position + len(tokens)))
-        runs = [
-            (work, start, len(work.token_ids) + len(work.draft_token_ids), work.start_position)
-            for work, start in zip(seqs, starts, strict=True)
-        ]
-        groups = range(len(self.layout.shapes))
-        ctx = PagedContext(
-            self.model.rotaries,
-            self._long(positions),
-            self.dtype,
-            self._plans(runs, groups),
-            self.kv,
-            self.backend,
-        )
-        hidden = self.model(self._long(ids), ctx)
-
+        hidden, starts = self._target_pass(seqs)
         rows = []
         for work, start in zip(seqs, starts, strict=True):
             if work.sample:
@@ -150,6 +130,45 @@ class ModelRunner:
         if self.num_speculative_tokens:
             self._propose(seqs, starts, hidden, outputs)
         return StepOutput(outputs)
+
+    @torch.inference_mode()
+    def score(self, batch: StepBatch) -> list[torch.Tensor]:
+        """float32 logits `[n + d, vocab]` of every computed position of each sequence.
+
+        Runs the target pass only (writes the target KV like `execute`, no sampling, no
+        draft): for prompt log-probabilities and for tests against reference models.
+        """
+        seqs = list(batch.sequences)
+        if not seqs:
+            return []
+        self._validate(seqs, need_next_token=False)
+        hidden, starts = self._target_pass(seqs)
+        logits = self.model.logits(hidden)
+        ends = [*starts[1:], hidden.shape[0]]
+        return [logits[a:b] for a, b in zip(starts, ends, strict=True)]
+
+    def _target_pass(self, seqs: list[SequenceWork]) -> tuple[torch.Tensor, list[int]]:
+        """Final hidden states of all rows, and each sequence's first row."""
+        starts, ids, positions = [], [], []
+        for work in seqs:
+            tokens = [*work.token_ids, *work.draft_token_ids]
+            starts.append(len(ids))
+            ids.extend(tokens)
+            positions.extend(range(work.start_position, work.start_position + len(tokens)))
+        runs = [
+            (work, start, len(work.token_ids) + len(work.draft_token_ids), work.start_position)
+            for work, start in zip(seqs, starts, strict=True)
+        ]
+        groups = range(len(self.layout.shapes))
+        ctx = PagedContext(
+            self.model.rotaries,
+            self._long(positions),
+            self.dtype,
+            self._plans(runs, groups),
+            self.kv,
+            self.backend,
+        )
+        return self.model(self._long(ids), ctx), starts
 
     # -- EAGLE ----------------------------------------------------------------------------
     def _propose(
@@ -242,7 +261,7 @@ class ModelRunner:
             )
         return plans
 
-    def _validate(self, seqs: list[SequenceWork]) -> None:
+    def _validate(self, seqs: list[SequenceWork], need_next_token: bool = True) -> None:
         vocab, num_groups = self.vocab_size, len(self.layout.shapes)
         seen: set[str] = set()
         for work in seqs:
@@ -266,7 +285,7 @@ class ModelRunner:
                     f"request {rid}: {len(work.block_tables)} block tables "
                     f"for {num_groups} KV groups"
                 )
-            if self.num_speculative_tokens and not work.sample:
+            if need_next_token and self.num_speculative_tokens and not work.sample:
                 nxt = work.next_token_id
                 if nxt is None:
                     raise ValueError(

@@ -166,7 +166,10 @@ def read_gguf(
     arch = config.architecture
     tensors: dict[str, torch.Tensor] = {}
     for t in tqdm(
-        reader.tensors, desc=f"dequantizing {Path(path).name}", disable=not progress, leave=False
+        reader.tensors,
+        desc=f"dequantizing {Path(path).name}",
+        disable=None if progress else True,
+        leave=False,
     ):
         hf = _hf_name(t.name, arch)
         if hf is None:
