@@ -19,45 +19,74 @@ from .conftest import TableMaker, random_tokens
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 97
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              head_dim=16, max_position_embeddings=512)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    head_dim=16,
+    max_position_embeddings=512,
+)
 CHUNKS = [(0, 13), (13, 14), (14, 40), (40, 41), (41, 42), (42, 43), (43, 70)]
 
 
 def _llama():
     cfg = transformers.LlamaConfig(
-        **COMMON, num_hidden_layers=3, num_key_value_heads=2, attention_bias=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 32},
+        **COMMON,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        attention_bias=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
     )
     return transformers.LlamaForCausalLM(cfg)
 
 
 def _qwen3():
     cfg = transformers.Qwen3Config(
-        **COMMON, num_hidden_layers=3, num_key_value_heads=2, use_sliding_window=True,
-        sliding_window=24, max_window_layers=0, tie_word_embeddings=True,
+        **COMMON,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=24,
+        max_window_layers=0,
+        tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
     )
     return transformers.Qwen3ForCausalLM(cfg)
 
 
 def _mistral():
-    cfg = transformers.MistralConfig(**COMMON, num_hidden_layers=2, num_key_value_heads=1,
-                                     sliding_window=20)
+    cfg = transformers.MistralConfig(
+        **COMMON, num_hidden_layers=2, num_key_value_heads=1, sliding_window=20
+    )
     return transformers.MistralForCausalLM(cfg)
 
 
 def _gemma3():
     cfg = transformers.Gemma3TextConfig(
-        **COMMON, num_hidden_layers=4, num_key_value_heads=1, sliding_window=16,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                     "sliding_attention"],
-        query_pre_attn_scalar=24, final_logit_softcapping=30.0,
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "factor": 4.0,
-                                            "rope_theta": 1_000_000.0}},
+        **COMMON,
+        num_hidden_layers=4,
+        num_key_value_heads=1,
+        sliding_window=16,
+        layer_types=[
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+        query_pre_attn_scalar=24,
+        final_logit_softcapping=30.0,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+        },
     )
     return transformers.Gemma3ForCausalLM(cfg)
 
@@ -106,7 +135,7 @@ def _ours(path, prompt: list[int], block_size: int = 8) -> torch.Tensor:
 
 
 def test_logits_match_transformers(checkpoint):
-    name, model, path = checkpoint
+    _name, model, path = checkpoint
     prompt = random_tokens(70, VOCAB, seed=1)
     with torch.no_grad():
         ref = model(torch.tensor([prompt])).logits[0].float()
@@ -124,26 +153,33 @@ def test_block_size_does_not_change_logits(checkpoint):
 
 
 def test_windows_and_layer_types_are_read(checkpoint):
-    name, model, path = checkpoint
+    name, _model, path = checkpoint
     loaded = load_model(str(path))
     expected = {
         "llama": (None, ("full_attention",) * 3),
         "qwen3": (24, ("sliding_attention", "full_attention", "sliding_attention")),
         "mistral": (20, ("sliding_attention",) * 2),
-        "gemma3": (16, ("sliding_attention", "sliding_attention", "full_attention",
-                        "sliding_attention")),
+        "gemma3": (
+            16,
+            ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention"),
+        ),
     }[name]
     assert (loaded.config.sliding_window, loaded.config.layer_types) == expected
 
 
 def test_greedy_generation_matches_transformers_generate(checkpoint):
-    name, model, path = checkpoint
+    _name, model, path = checkpoint
     from relaykv.model.offline import OfflineGenerator
 
     prompt = random_tokens(30, VOCAB, seed=3)
     with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )[0, len(prompt) :].tolist()
     runner = ModelRunner(load_model(str(path)).model, num_blocks=32, block_size=8)
     out = OfflineGenerator(runner, chunk_tokens=7).generate([prompt], 12)
     assert out[0].output_ids == ref

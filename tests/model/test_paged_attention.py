@@ -79,8 +79,9 @@ def test_paged_equals_dense(seed):
         v_new.append(values[past:])
         histories.append((keys, values))
         row += new
-    plan = build_group_plan(runs, b, window, batch_threshold=rng.choice([1, 3, 8]),
-                            query_block=rng.choice([4, 7, 512]))
+    plan = build_group_plan(
+        runs, b, window, batch_threshold=rng.choice([1, 3, 8]), query_block=rng.choice([4, 7, 512])
+    )
     backend = TorchPagedAttention()
     backend.write_kv(plan, torch.cat(k_new), torch.cat(v_new), k_pages, v_pages)
     for run, (keys, values) in zip(runs, histories, strict=True):

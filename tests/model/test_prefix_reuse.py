@@ -68,8 +68,8 @@ def test_resume_with_eagle_draft_matches_cold_run(tiny, tiny_draft):
     maker = TableMaker(runner)
     x = random_tokens(100, 259, seed=14)
     tables_a = maker.fresh(120)
-    drive(runner, tables_a, x + [5, 6, 7], 0, 8, maker)
+    drive(runner, tables_a, [*x, 5, 6, 7], 0, 8, maker)
     r = 96  # A's draft KV at 95 was computed with token 96 = x[96]: the peek holds
-    warm = drive(runner, _reused_tables(runner, tables_a, r), x + [9, 9], r, 20, maker)
-    cold = drive(runner, maker.fresh(120), x + [9, 9], 0, 20, maker)
+    warm = drive(runner, _reused_tables(runner, tables_a, r), [*x, 9, 9], r, 20, maker)
+    cold = drive(runner, maker.fresh(120), [*x, 9, 9], 0, 20, maker)
     assert warm == cold

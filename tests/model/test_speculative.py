@@ -13,7 +13,6 @@ from relaykv.model.offline import OfflineGenerator
 from relaykv.model.sampling import probabilities
 
 from .conftest import TableMaker, random_tokens
-from .driver import drive
 
 PROMPTS = [random_tokens(n, 259, seed=20 + n) for n in (5, 40, 70, 129)]
 
@@ -57,8 +56,15 @@ def test_engine_drafts_are_verified_exactly(tiny):
         if wrong_at is not None:
             drafts[wrong_at] = (drafts[wrong_at] + 1) % 259
         runner.execute(StepBatch([SequenceWork("r", prompt, 0, tables, sample=True)]))
-        out = runner.execute(StepBatch([SequenceWork(
-            "r", [truth[0]], len(prompt), tables, sample=True, draft_token_ids=drafts)]))
+        out = runner.execute(
+            StepBatch(
+                [
+                    SequenceWork(
+                        "r", [truth[0]], len(prompt), tables, sample=True, draft_token_ids=drafts
+                    )
+                ]
+            )
+        )
         seq = out.sequences[0]
         accepted = 5 if wrong_at is None else wrong_at
         assert seq.num_accepted_tokens == accepted
@@ -77,9 +83,20 @@ def test_chunked_prefill_writes_the_same_draft_kv(tiny, tiny_draft):
         while pos < len(prompt):
             n = min(chunk, len(prompt) - pos)
             last = pos + n == len(prompt)
-            out = runner.execute(StepBatch([SequenceWork(
-                "r", prompt[pos : pos + n], pos, tables, sample=last,
-                next_token_id=None if last else prompt[pos + n])]))
+            out = runner.execute(
+                StepBatch(
+                    [
+                        SequenceWork(
+                            "r",
+                            prompt[pos : pos + n],
+                            pos,
+                            tables,
+                            sample=last,
+                            next_token_id=None if last else prompt[pos + n],
+                        )
+                    ]
+                )
+            )
             pos += n
         proposals.append(out.sequences[0].draft_token_ids)
         g = runner.layout.draft_slot.group
@@ -119,19 +136,27 @@ def test_rejection_sampling_preserves_the_distribution(tiny):
 
     p1 = dist(prompt)
     d1 = int(torch.argsort(p1, descending=True)[1])
-    p2 = dist(prompt + [d1])
+    p2 = dist([*prompt, d1])
     d2 = int(torch.argmax(p2))
-    p3 = dist(prompt + [d1, d2])
+    p3 = dist([*prompt, d1, d2])
 
     runner = ModelRunner(tiny.model, num_blocks=1 + 250 * 2)
     first, second, third = Counter(), Counter(), Counter()
     trials = 3000
     for base in range(0, trials, 250):
         maker = TableMaker(runner)
-        works = [SequenceWork(f"r{s}", prompt, 0, maker.fresh(len(prompt) + 2), sample=True,
-                              sampling=SamplingParams(1.0, top_k=4, seed=s),
-                              draft_token_ids=[d1, d2])
-                 for s in range(base, base + 250)]
+        works = [
+            SequenceWork(
+                f"r{s}",
+                prompt,
+                0,
+                maker.fresh(len(prompt) + 2),
+                sample=True,
+                sampling=SamplingParams(1.0, top_k=4, seed=s),
+                draft_token_ids=[d1, d2],
+            )
+            for s in range(base, base + 250)
+        ]
         for out in runner.execute(StepBatch(works)).sequences:
             t = out.token_ids
             first[t[0]] += 1
@@ -154,11 +179,18 @@ def test_rejection_sampling_preserves_the_distribution(tiny):
 
 def test_seeded_sampling_ignores_batch_composition(tiny):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
-    alone = OfflineGenerator(ModelRunner(tiny.model, num_blocks=64)).generate(
-        [PROMPTS[1]], 16, params)[0].output_ids
+    alone = (
+        OfflineGenerator(ModelRunner(tiny.model, num_blocks=64))
+        .generate([PROMPTS[1]], 16, params)[0]
+        .output_ids
+    )
     mixed = OfflineGenerator(ModelRunner(tiny.model, num_blocks=200)).generate(
-        PROMPTS, 16, [SamplingParams(0.7, seed=9), params, GREEDY, params])
+        PROMPTS, 16, [SamplingParams(0.7, seed=9), params, GREEDY, params]
+    )
     assert mixed[1].output_ids == alone
-    chunked = OfflineGenerator(ModelRunner(tiny.model, num_blocks=64), chunk_tokens=9).generate(
-        [PROMPTS[1]], 16, params)[0].output_ids
+    chunked = (
+        OfflineGenerator(ModelRunner(tiny.model, num_blocks=64), chunk_tokens=9)
+        .generate([PROMPTS[1]], 16, params)[0]
+        .output_ids
+    )
     assert chunked == alone
