@@ -28,8 +28,9 @@ from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
 LAYOUT = PageLayout(num_blocks=64, block_bytes=8192, page_bytes=(8192, 3072, 1000))
 SEED = 1234
 # small chunks so that a read of a few pages already spans several chunks and credits
-OPTIONS = TransportOptions(chunk_bytes=16384, window=2, timeout_s=10.0, connect_timeout_s=2.0,
-                           staging_bytes=16384 * 8)
+OPTIONS = TransportOptions(
+    chunk_bytes=16384, window=2, timeout_s=10.0, connect_timeout_s=2.0, staging_bytes=16384 * 8
+)
 
 
 def transport_params(variants: bool = False) -> list[Any]:
@@ -81,8 +82,10 @@ class Source:
     def events(self) -> list[dict[str, Any]]:
         if self.remote:
             return self.backend.call("events")
-        return [{"kind": e.kind, "request_id": e.request_id, "nbytes": e.nbytes, "detail": e.detail}
-                for e in self.backend.events()]
+        return [
+            {"kind": e.kind, "request_id": e.request_id, "nbytes": e.nbytes, "detail": e.detail}
+            for e in self.backend.events()
+        ]
 
     def check_invariants(self) -> None:
         if not self.remote:

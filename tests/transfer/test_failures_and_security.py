@@ -118,12 +118,14 @@ def test_bad_reads_are_rejected_before_starting(name: str) -> None:
     server, client, _, _ = make_pair(name)
     try:
         other = "tcp" if name != "tcp" else "shm"
-        forged = KVSourceDescriptor("P", other, "127.0.0.1", server.descriptor.port,
-                                    LAYOUT.to_wire())
+        forged = KVSourceDescriptor(
+            "P", other, "127.0.0.1", server.descriptor.port, LAYOUT.to_wire()
+        )
         with pytest.raises(ValueError, match="--kv-transport must match"):
             client.start_read(forged, "r", [PageCopy(0, 1, 2, 8192)])
-        wrong = KVSourceDescriptor("P", name, "127.0.0.1", server.descriptor.port,
-                                   [64, 8192, 8192, 3072, 999])
+        wrong = KVSourceDescriptor(
+            "P", name, "127.0.0.1", server.descriptor.port, [64, 8192, 8192, 3072, 999]
+        )
         with pytest.raises(ValueError, match="page sizes differ"):
             client.start_read(wrong, "r", [PageCopy(0, 1, 2, 8192)])
         with pytest.raises(ValueError, match="appears twice"):
@@ -155,11 +157,14 @@ def raw_reader(server) -> zmq.Socket:
     return sock
 
 
-@pytest.mark.parametrize("name, slots", [
-    ("../../../etc/passwd", [0]),
-    ("relaykv-" + "0" * 31 + "/", [0]),
-    ("relaykv-" + "0" * 32, [0]),  # well formed, but no such staging area
-])
+@pytest.mark.parametrize(
+    "name, slots",
+    [
+        ("../../../etc/passwd", [0]),
+        ("relaykv-" + "0" * 31 + "/", [0]),
+        ("relaykv-" + "0" * 32, [0]),  # well formed, but no such staging area
+    ],
+)
 def test_shm_server_only_opens_staging_areas(name: str, slots: list[int]) -> None:
     server, client, _, _ = make_pair("shm")
     sock = raw_reader(server)
@@ -204,8 +209,10 @@ def test_torch_buffers_end_to_end() -> None:
     transport = get_transport("shm")
     src = torch.from_numpy(seeded_buffer(LAYOUT, 7))
     dst = torch.zeros_like(src)
-    with transport.create_server(src, LAYOUT, engine_id="P", options=OPTIONS) as server, \
-            transport.create_client(dst, LAYOUT, engine_id="D", options=OPTIONS) as client:
+    with (
+        transport.create_server(src, LAYOUT, engine_id="P", options=OPTIONS) as server,
+        transport.create_client(dst, LAYOUT, engine_id="D", options=OPTIONS) as client,
+    ):
         server.allow("r", {1: [5, 6]}, time.monotonic() + 30)
         client.read(server.descriptor, "r", [PageCopy(1, 5, 9, 3072), PageCopy(1, 6, 10, 3072)])
         assert torch.equal(dst[9, :3072], src[5, :3072])
@@ -225,8 +232,9 @@ def test_mooncake_peer_cannot_read_p_memory() -> None:
         assert thief.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
         loot = np.zeros(8192, dtype=np.uint8)
         assert thief.register_memory(loot.ctypes.data, loot.nbytes) == 0
-        rc = thief.transfer_sync_read(f"127.0.0.1:{p_engine.get_rpc_port()}", loot.ctypes.data,
-                                      src.ctypes.data + 8192, 8192)
+        rc = thief.transfer_sync_read(
+            f"127.0.0.1:{p_engine.get_rpc_port()}", loot.ctypes.data, src.ctypes.data + 8192, 8192
+        )
         assert rc != 0 and not loot.any()
     finally:
         client.close()

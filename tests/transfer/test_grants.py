@@ -26,12 +26,15 @@ def table() -> tuple[GrantTable, FakeClock]:
     return GrantTable(LAYOUT, clock=clock), clock
 
 
-@pytest.mark.parametrize("blocks, match", [
-    ({2: [1]}, "group 2 out of range"),
-    ({0: [0]}, "out of range"),  # the null block is never served
-    ({0: [16]}, "out of range"),
-    ({-1: [1]}, "group -1"),
-])
+@pytest.mark.parametrize(
+    "blocks, match",
+    [
+        ({2: [1]}, "group 2 out of range"),
+        ({0: [0]}, "out of range"),  # the null block is never served
+        ({0: [16]}, "out of range"),
+        ({-1: [1]}, "group -1"),
+    ],
+)
 def test_allow_rejects_bad_input_and_changes_nothing(blocks: dict, match: str) -> None:
     grants, _ = table()
     with pytest.raises(ValueError, match=match):

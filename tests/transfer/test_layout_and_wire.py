@@ -15,20 +15,27 @@ LAYOUT = PageLayout(8, 256, (256, 100))
 
 
 def test_layout_from_geometry_matches_the_storage_contract() -> None:
-    geometry = Geometry((GroupSpec("full", 16, num_layers=2, bytes_per_token=64),
-                         GroupSpec("sliding", 8, window=32, num_layers=2, bytes_per_token=48)))
+    geometry = Geometry(
+        (
+            GroupSpec("full", 16, num_layers=2, bytes_per_token=64),
+            GroupSpec("sliding", 8, window=32, num_layers=2, bytes_per_token=48),
+        )
+    )
     layout = PageLayout.from_geometry(geometry, 10)
     assert layout.block_bytes == geometry.block_bytes == 1024
     assert layout.page_bytes == (1024, 384)
     assert PageLayout.from_wire(layout.to_wire()) == layout
 
 
-@pytest.mark.parametrize("args, match", [
-    ((1, 256, (256,)), ">= 2 blocks"),
-    ((8, 256, ()), "at least one group"),
-    ((8, 256, (300,)), "page bytes 300"),
-    ((8, 256, (0,)), "page bytes 0"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((1, 256, (256,)), ">= 2 blocks"),
+        ((8, 256, ()), "at least one group"),
+        ((8, 256, (300,)), "page bytes 300"),
+        ((8, 256, (0,)), "page bytes 0"),
+    ],
+)
 def test_bad_layouts(args: tuple, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         PageLayout(*args)
@@ -47,15 +54,18 @@ def test_torch_buffer_is_viewed_without_copy() -> None:
         as_page_array(np.zeros((256, 8), dtype=np.uint8).T, LAYOUT)
 
 
-@pytest.mark.parametrize("pages, match", [
-    ([], "at least one page"),
-    ([PageCopy(2, 1, 1, 256)], "group 2"),
-    ([PageCopy(1, 1, 1, 256)], "nbytes 256"),
-    ([PageCopy(0, 1, 0, 256)], "destination block 0"),
-    ([PageCopy(0, 1, 8, 256)], "destination block 8"),
-    ([PageCopy(0, 0, 1, 256)], "null block"),
-    ([PageCopy(0, 1, 3, 256), PageCopy(1, 2, 3, 100)], "appears twice"),
-])
+@pytest.mark.parametrize(
+    "pages, match",
+    [
+        ([], "at least one page"),
+        ([PageCopy(2, 1, 1, 256)], "group 2"),
+        ([PageCopy(1, 1, 1, 256)], "nbytes 256"),
+        ([PageCopy(0, 1, 0, 256)], "destination block 0"),
+        ([PageCopy(0, 1, 8, 256)], "destination block 8"),
+        ([PageCopy(0, 0, 1, 256)], "null block"),
+        ([PageCopy(0, 1, 3, 256), PageCopy(1, 2, 3, 100)], "appears twice"),
+    ],
+)
 def test_destination_checks(pages: list[PageCopy], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_destination_pages(LAYOUT, pages)

@@ -39,19 +39,36 @@ def test_unknown_transport_is_a_clear_error() -> None:
 
 
 def test_flags_round_trip() -> None:
-    args = parser().parse_args(["--kv-transport", "tcp", "--kv-transfer-host", "10.0.0.5",
-                                "--kv-transfer-port", "7100", "--kv-transfer-timeout", "3"])
+    args = parser().parse_args(
+        [
+            "--kv-transport",
+            "tcp",
+            "--kv-transfer-host",
+            "10.0.0.5",
+            "--kv-transfer-port",
+            "7100",
+            "--kv-transfer-timeout",
+            "3",
+        ]
+    )
     options = options_from_args(args)
     assert (args.kv_transport, options.host, options.port, options.timeout_s) == (
-        "tcp", "10.0.0.5", 7100, 3.0)
+        "tcp",
+        "10.0.0.5",
+        7100,
+        3.0,
+    )
     defaults = options_from_args(parser().parse_args([]))
     assert defaults.host == "127.0.0.1" and defaults.port == 0
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--kv-transfer-port", "70000"], "--kv-transfer-port"),
-    (["--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--kv-transfer-port", "70000"], "--kv-transfer-port"),
+        (["--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
+    ],
+)
 def test_bad_flags_name_the_flag(argv: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         options_from_args(parser().parse_args(argv))

@@ -31,8 +31,9 @@ def rid(tag: str) -> str:
     return f"{tag}-{next(_counter)}"
 
 
-def random_read(rng: np.random.Generator, src_pool: list[int], dst_pool: list[int],
-                per_group: int) -> tuple[dict[int, list[int]], list[PageCopy]]:
+def random_read(
+    rng: np.random.Generator, src_pool: list[int], dst_pool: list[int], per_group: int
+) -> tuple[dict[int, list[int]], list[PageCopy]]:
     """Allowed blocks per group and pages mapping them to random destination blocks."""
     src = rng.choice(src_pool, size=per_group * LAYOUT.num_groups, replace=False)
     dst = rng.choice(dst_pool, size=per_group * LAYOUT.num_groups, replace=False)
@@ -82,7 +83,7 @@ def test_concurrent_reads_non_blocking(pair: Pair) -> None:
     dst_pool = list(rng.permutation(np.arange(1, 64)))
     handles, all_pages = [], []
     for k in range(6):
-        blocks, pages = random_read(rng, list(range(1, 64)), dst_pool[k * 9:(k + 1) * 9], 3)
+        blocks, pages = random_read(rng, list(range(1, 64)), dst_pool[k * 9 : (k + 1) * 9], 3)
         request = rid("conc")
         pair.source.allow(request, blocks)
         handles.append(pair.client.start_read(pair.source.descriptor, request, pages))
@@ -104,8 +105,9 @@ def test_read_ok_event_reaches_server(pair: Pair) -> None:
     pair.client.read(pair.source.descriptor, request, pages)
     deadline = time.monotonic() + 5
     while True:
-        ok = [e for e in pair.source.events()
-              if e["kind"] == "read_ok" and e["request_id"] == request]
+        ok = [
+            e for e in pair.source.events() if e["kind"] == "read_ok" and e["request_id"] == request
+        ]
         if ok:
             assert ok[0]["nbytes"] == 2 * 3072
             return
@@ -167,8 +169,9 @@ def test_dropped_read_times_out_on_time(pair: Pair) -> None:
     pair.source.inject(FaultPlan(drop=True))
     start = time.monotonic()
     with pytest.raises(TransferTimeout):
-        pair.client.read(pair.source.descriptor, request, [PageCopy(0, 22, 40, 8192)],
-                         timeout_s=0.5)
+        pair.client.read(
+            pair.source.descriptor, request, [PageCopy(0, 22, 40, 8192)], timeout_s=0.5
+        )
     assert time.monotonic() - start < 2.0
 
 
@@ -188,12 +191,14 @@ def test_delay_does_not_block_other_requests(pair: Pair) -> None:
     pair.source.allow(slow, {0: [28, 29, 30]})
     pair.source.allow(fast, {0: [31]})
     pair.source.inject(FaultPlan(delay_s=0.4, request_ids=frozenset({slow})))
-    slow_h = pair.client.start_read(pair.source.descriptor, slow,
-                                    [PageCopy(0, b, b + 20, 8192) for b in (28, 29, 30)])
+    slow_h = pair.client.start_read(
+        pair.source.descriptor, slow, [PageCopy(0, b, b + 20, 8192) for b in (28, 29, 30)]
+    )
     time.sleep(0.05)
     fast_result = pair.client.read(pair.source.descriptor, fast, [PageCopy(0, 31, 60, 8192)])
     assert not slow_h.done(), "the delayed read should still be running"
     assert fast_result.seconds < 0.4
     slow_h.result(timeout=10)
-    assert_landed(pair, [PageCopy(0, b, b + 20, 8192) for b in (28, 29, 30)]
-                  + [PageCopy(0, 31, 60, 8192)])
+    assert_landed(
+        pair, [PageCopy(0, b, b + 20, 8192) for b in (28, 29, 30)] + [PageCopy(0, 31, 60, 8192)]
+    )

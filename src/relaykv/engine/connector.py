@@ -19,6 +19,10 @@ from relaykv.kvcache import KVLoad
 
 
 class KVConnector(Protocol):
+    def validate(self, params: dict[str, Any]) -> None:
+        """Raise ValueError for `kv_transfer_params` this engine cannot act on."""
+        ...
+
     def prefill_finished(self, request: Request) -> dict[str, Any] | None:
         """P side: hold the request's planned blocks; return the params for the response
         (None: nothing to send, the scheduler frees the blocks)."""
@@ -26,6 +30,10 @@ class KVConnector(Protocol):
 
     def start_load(self, request: Request, load: KVLoad) -> None:
         """D side: start filling `load.receive` from the engine in `request.kv_transfer_params`."""
+        ...
+
+    def release_remote(self, request: Request) -> None:
+        """D side: tell the prefill engine this request will not read its blocks."""
         ...
 
     def poll(self) -> list[tuple[KVLoad, bool]]:

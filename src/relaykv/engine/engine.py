@@ -73,6 +73,13 @@ class LLMEngine:
         self.connector = connector
         self.requests: dict[str, Request] = {}
 
+    def attach_connector(self, connector: KVConnector) -> None:
+        """Plug a P/D connector in (it is built over this engine's cache manager)."""
+        if self.config.role == "colocated":
+            raise ValueError("a colocated engine has no KV connector")
+        self.connector = connector
+        self.scheduler.connector = connector
+
     # -- requests --------------------------------------------------------------------
     def validate(
         self,
@@ -81,6 +88,8 @@ class LLMEngine:
         kv_transfer_params: dict[str, Any] | None = None,
     ) -> None:
         """Raise `InvalidRequest` for anything the engine cannot serve (changes nothing)."""
+        if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+            raise InvalidRequest("kv_transfer_params", "kv_transfer_params must be an object")
         if not prompt_ids:
             raise InvalidRequest("prompt", "the prompt is empty")
         for token in prompt_ids:
@@ -110,11 +119,15 @@ class LLMEngine:
             )
         if self.manager.sizing.admission_blocks(len(prompt_ids)) > self.manager.pool.num_usable:
             raise InvalidRequest("prompt", "the prompt does not fit in the KV cache of this engine")
-        remote_prefill = bool(kv_transfer_params and kv_transfer_params.get("do_remote_prefill"))
-        if remote_prefill and (self.connector is None or self.config.role != "decode"):
-            raise InvalidRequest("kv_transfer_params", "this engine does not receive KV")
-        if remote_decode and (self.connector is None or self.config.role != "prefill"):
-            raise InvalidRequest("kv_transfer_params", "this engine does not send KV")
+        if kv_transfer_params:
+            remote = kv_transfer_params.get("do_remote_prefill") or remote_decode
+            if remote and self.connector is None:
+                raise InvalidRequest("kv_transfer_params", "this engine is not part of a P/D pair")
+            if self.connector is not None:
+                try:
+                    self.connector.validate(kv_transfer_params)
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise InvalidRequest("kv_transfer_params", str(exc)) from exc
 
     def add_request(
         self,

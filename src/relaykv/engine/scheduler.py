@@ -101,6 +101,8 @@ class Scheduler:
             del self.loading[req.request_id]
         elif req in self.waiting:
             self.waiting.remove(req)
+            if req.is_remote_prefill and not req.admitted and self.connector is not None:
+                self.connector.release_remote(req)  # P holds blocks this request never read
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         req.error = error
@@ -254,12 +256,15 @@ class Scheduler:
         req.num_external_tokens = max(0, req.num_prompt_tokens - 1 - load.local_tokens)
         req.state = RequestState.WAITING_FOR_REMOTE_KV
         self.loading[req.request_id] = req
+        if self.connector is None:
+            raise RuntimeError("a remote-prefill request reached an engine without a connector")
         if load.needs_transfer:
-            if self.connector is None:
-                raise RuntimeError("a remote-prefill request reached an engine without a connector")
             self.connector.start_load(req, load)
-        elif self.manager.loads.settle_ready(load):
-            self._loaded(req, ok=True)
+        else:
+            # Everything is local or already on its way: P may free its blocks now.
+            self.connector.release_remote(req)
+            if self.manager.loads.settle_ready(load):
+                self._loaded(req, ok=True)
         return True
 
     def settle_transfers(self) -> None:

@@ -91,14 +91,12 @@ class KVTransport(ABC):
     @abstractmethod
     def sender_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions
-    ) -> SenderPlane:
-        ...
+    ) -> SenderPlane: ...
 
     @abstractmethod
     def receiver_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions
-    ) -> ReceiverPlane:
-        ...
+    ) -> ReceiverPlane: ...
 
     def create_server(
         self,

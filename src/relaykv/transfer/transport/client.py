@@ -25,7 +25,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,55 +41,12 @@ from relaykv.transfer.transport.errors import (
     TransferTimeout,
     error_from_code,
 )
+from relaykv.transfer.transport.handle import TransferHandle, TransferResult
 from relaykv.transfer.transport.integrity import verify_destination
 from relaykv.transfer.transport.layout import PageCopy, PageLayout, check_destination_pages
 from relaykv.transfer.transport.planes import ReceiverPlane
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    transfer_id: str
-    request_id: str
-    num_pages: int
-    nbytes: int
-    seconds: float
-
-
-class TransferHandle:
-    """One read in flight. `done()` never blocks; `result()` raises the TransferError."""
-
-    def __init__(self, transfer_id: str, request_id: str, source: KVSourceDescriptor,
-                 num_pages: int, nbytes: int) -> None:
-        self.transfer_id = transfer_id
-        self.request_id = request_id
-        self.source = source
-        self.num_pages = num_pages
-        self.nbytes = nbytes
-        self.started = time.monotonic()
-        self._future: Future[TransferResult] = Future()
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    @property
-    def status(self) -> str:
-        """`pending`, `done` or `failed`."""
-        if not self._future.done():
-            return "pending"
-        return "failed" if self._future.exception() is not None else "done"
-
-    def result(self, timeout: float | None = None) -> TransferResult:
-        """Wait (at most `timeout` s, None: until the transfer's own deadline) and return
-        the result; raises the transfer's TransferError."""
-        return self._future.result(timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._future.exception(timeout)
-
-    def __repr__(self) -> str:
-        return f"TransferHandle({self.transfer_id[:8]}, {self.request_id!r}, {self.status})"
 
 
 @dataclass(slots=True)
@@ -145,6 +101,7 @@ class TransferClient:
         self._window = max(1, int(window))
         self._ctx = context or zmq.Context.instance()
         self._submit: queue.SimpleQueue[_ReadJob | None] = queue.SimpleQueue()
+        self._releases: queue.SimpleQueue[tuple[KVSourceDescriptor, str]] = queue.SimpleQueue()
         self._waiting: deque[_ReadJob] = deque()  # no plane resources yet
         self._jobs: dict[str, _ReadJob] = {}
         self._peers: dict[str, _Peer] = {}
@@ -202,6 +159,14 @@ class TransferClient:
         self._submit.put(job)
         os.write(self._wake_w, b"x")
         return handle
+
+    def release_remote(self, source: KVSourceDescriptor, request_id: str) -> None:
+        """Tell `source` this reader will never read `request_id` (P may free it). Fire and
+        forget: a lost message only means P frees at lease expiry instead."""
+        if self._closed:
+            raise RuntimeError("transfer client is closed")
+        self._releases.put((source, request_id))
+        os.write(self._wake_w, b"r")
 
     def read(
         self,
@@ -277,6 +242,12 @@ class TransferClient:
             if job is None:
                 return False
             self._admit(job)
+        while True:
+            try:
+                source, request_id = self._releases.get_nowait()
+            except queue.Empty:
+                break
+            self._send(self._peer(source), wire.Release(request_id))
         for peer in list(self._peers.values()):
             if peer.monitor in ready:
                 self._on_monitor(peer)
@@ -343,7 +314,11 @@ class TransferClient:
             sink, window = reserved
             job.saw_connection = True
             msg = wire.Read(
-                tid, job.handle.request_id, [p.to_wire() for p in job.pages], sink, window,
+                tid,
+                job.handle.request_id,
+                [p.to_wire() for p in job.pages],
+                sink,
+                window,
                 max(0.0, job.deadline - now),
             )
             self._send(job.peer, msg)
@@ -363,9 +338,13 @@ class TransferClient:
                 for tid in list(peer.jobs):
                     job = self._jobs.get(tid)
                     if job is not None and job.saw_connection:
-                        self._fail(job, PeerLost(
-                            f"connection to {peer.endpoint} dropped during transfer "
-                            f"{tid[:8]} of {job.handle.request_id!r}"))
+                        self._fail(
+                            job,
+                            PeerLost(
+                                f"connection to {peer.endpoint} dropped during transfer "
+                                f"{tid[:8]} of {job.handle.request_id!r}"
+                            ),
+                        )
 
     def _drain(self, peer: _Peer) -> None:
         while True:
@@ -376,8 +355,9 @@ class TransferClient:
             try:
                 msg = self._codec.decode_to_client(parts[0].buffer)
             except Exception as exc:
-                log.warning("kv transfer client: undecodable message from %s (%s)",
-                            peer.endpoint, exc)
+                log.warning(
+                    "kv transfer client: undecodable message from %s (%s)", peer.endpoint, exc
+                )
                 continue
             job = self._jobs.get(msg.transfer_id)
             if job is None:
@@ -390,8 +370,9 @@ class TransferClient:
     def _on_message(self, job: _ReadJob, msg: wire.ToClient, frames: list) -> None:
         if isinstance(msg, wire.Refused | wire.Failed):
             # the server has stopped this transfer: its resources can be reused at once
-            self._fail(job, error_from_code(msg.code, f"{job.peer.endpoint}: {msg.reason}"),
-                       clean=True)
+            self._fail(
+                job, error_from_code(msg.code, f"{job.peer.endpoint}: {msg.reason}"), clean=True
+            )
             return
         if isinstance(msg, wire.Done):
             job.claimed = msg.num_pages
@@ -425,10 +406,14 @@ class TransferClient:
         if job.landed_page == len(job.pages):
             self._succeed(job)
         elif job.claimed is not None and not job.announced:
-            self._fail(job, ShortTransferError(
-                f"sender claimed {job.claimed} pages but only {job.landed_page} of "
-                f"{len(job.pages)} arrived: destination is garbage"
-            ), clean=True)  # the sender said Done: it writes nothing more
+            self._fail(
+                job,
+                ShortTransferError(
+                    f"sender claimed {job.claimed} pages but only {job.landed_page} of "
+                    f"{len(job.pages)} arrived: destination is garbage"
+                ),
+                clean=True,
+            )  # the sender said Done: it writes nothing more
 
     def _check_time(self, job: _ReadJob, now: float) -> None:
         if job.handle.transfer_id not in self._jobs:
@@ -454,9 +439,15 @@ class TransferClient:
         self._forget(job, clean=True)
         self._stats["ok"] += 1
         handle = job.handle
-        handle._future.set_result(TransferResult(
-            tid, handle.request_id, handle.num_pages, handle.nbytes,
-            time.monotonic() - handle.started))
+        handle._future.set_result(
+            TransferResult(
+                tid,
+                handle.request_id,
+                handle.num_pages,
+                handle.nbytes,
+                time.monotonic() - handle.started,
+            )
+        )
         self._finished.append(handle)
 
     def _fail(self, job: _ReadJob, exc: TransferError, clean: bool = False) -> None:

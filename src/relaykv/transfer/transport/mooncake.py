@@ -30,8 +30,7 @@ from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
 
 INSTALL_HINT = (
-    "apt-get install -y libibverbs1 && "
-    "pip install mooncake-transfer-engine-non-cuda==0.3.13.post1"
+    "apt-get install -y libibverbs1 && pip install mooncake-transfer-engine-non-cuda==0.3.13.post1"
 )
 
 

@@ -30,17 +30,18 @@ from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
 
-INSTALL_HINT = (
-    "pip install nixl-cu12==1.5.1 && pip install --no-deps nixl==1.5.1 "
-    "(after torch; see docs/transports.md)"
-)
+INSTALL_HINT = "pip install nixl-cu12==1.5.1 (after torch; see docs/transports.md)"
 
 
 @cache
 def _nixl_api() -> Any:
-    from nixl._api import nixl_agent, nixl_agent_config
+    try:  # the `nixl` front end (meta package), if installed
+        from nixl._api import nixl_agent, nixl_agent_config
+    except ImportError:  # the backend wheel alone is enough on a CPU machine
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
 
-    logging.getLogger("nixl").setLevel(logging.WARNING)  # it logs INFO to stdout
+    for name in ("nixl", "nixl_cu12"):  # they log INFO to stdout
+        logging.getLogger(name).setLevel(logging.WARNING)
     return nixl_agent, nixl_agent_config
 
 
@@ -67,10 +68,15 @@ class NixlReceiver(ReceiverPlane):
         self._reg = self._agent.register_memory(
             [(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"
         )
-        self._sink = msgspec.msgpack.encode(NixlSink(
-            self._agent.name, self._agent.get_agent_metadata(), buffer.ctypes.data,
-            layout.num_blocks, layout.block_bytes,
-        ))
+        self._sink = msgspec.msgpack.encode(
+            NixlSink(
+                self._agent.name,
+                self._agent.get_agent_metadata(),
+                buffer.ctypes.data,
+                layout.num_blocks,
+                layout.block_bytes,
+            )
+        )
         self._active: set[str] = set()
         self._landed: set[str] = set()
 

@@ -46,16 +46,31 @@ def availability() -> dict[str, str | None]:
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     """The KV transfer flags shared by engine commands."""
     group = parser.add_argument_group("KV transfer")
-    group.add_argument("--kv-transport", choices=TRANSPORT_NAMES, default=DEFAULT_TRANSPORT,
-                       help="how KV pages move between prefill and decode engines "
-                            f"(default {DEFAULT_TRANSPORT}: same host)")
-    group.add_argument("--kv-transfer-host", default="127.0.0.1",
-                       help="address the KV transfer endpoint binds and advertises "
-                            "(a routable address for two hosts; default 127.0.0.1)")
-    group.add_argument("--kv-transfer-port", type=int, default=0,
-                       help="control port of the serving endpoint (default 0: any free port)")
-    group.add_argument("--kv-transfer-timeout", type=float, default=30.0,
-                       help="seconds before a KV read fails (default 30)")
+    group.add_argument(
+        "--kv-transport",
+        choices=TRANSPORT_NAMES,
+        default=DEFAULT_TRANSPORT,
+        help="how KV pages move between prefill and decode engines "
+        f"(default {DEFAULT_TRANSPORT}: same host)",
+    )
+    group.add_argument(
+        "--kv-transfer-host",
+        default="127.0.0.1",
+        help="address the KV transfer endpoint binds and advertises "
+        "(a routable address for two hosts; default 127.0.0.1)",
+    )
+    group.add_argument(
+        "--kv-transfer-port",
+        type=int,
+        default=0,
+        help="control port of the serving endpoint (default 0: any free port)",
+    )
+    group.add_argument(
+        "--kv-transfer-timeout",
+        type=float,
+        default=30.0,
+        help="seconds before a KV read fails (default 30)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> TransportOptions:

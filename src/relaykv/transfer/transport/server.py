@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -31,50 +30,13 @@ from relaykv.transfer.transport.grants import Grant, GrantTable
 from relaykv.transfer.transport.integrity import source_digests
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, SenderPlane
+from relaykv.transfer.transport.serve_jobs import ServeEvent, ServeJob, plan_chunks
 
 log = logging.getLogger(__name__)
 
 MAX_WINDOW = 64
 DONE_GRACE_S = 5.0  # how long a finished transfer waits for D's Ack
 ORPHAN_WAIT_S = 60.0  # how long an unstoppable write of an ended transfer is awaited
-
-
-@dataclass(frozen=True, slots=True)
-class ServeEvent:
-    """Something P's engine may act on.
-
-    kind: `read_ok` (D verified every page of a transfer), `read_failed` (the transfer
-    failed: D's verdict or P's error), `refused` (a read was refused), `expired` (a lease
-    ran out; the request's blocks may be freed), `dropped` (fault injection).
-    """
-
-    kind: str
-    request_id: str
-    transfer_id: str = ""
-    nbytes: int = 0
-    detail: str = ""
-
-
-@dataclass(slots=True)
-class _Job:
-    identity: bytes
-    transfer_id: str
-    request_id: str
-    pages: list[PageCopy]
-    grant: Grant
-    sink: Any
-    window: int
-    deadline: float
-    faults: FaultPlan
-    chunks: list[tuple[int, int]] = field(default_factory=list)  # (first page, count)
-    next_chunk: int = 0
-    credited: int = 0
-    pending: deque = field(default_factory=deque)  # (index, first, count, PendingChunk, digests)
-    not_before: float = 0.0
-    pages_sent: int = 0
-    done_sent: bool = False
-    dead: bool = False  # die_after_pages fired: silent from now on
-    cancelled: bool = False
 
 
 class TransferServer:
@@ -103,7 +65,7 @@ class TransferServer:
         self._chunk_bytes = max(int(chunk_bytes), layout.block_bytes)
         self._faults = NO_FAULTS
         self._events: deque[ServeEvent] = deque()
-        self._jobs: dict[tuple[bytes, str], _Job] = {}
+        self._jobs: dict[tuple[bytes, str], ServeJob] = {}
         self._orphans: list[tuple[PendingChunk, Grant, float]] = []
         self._stats = {"bytes_sent": 0, "pages_sent": 0, "reads": 0, "refused": 0}
         self._ctx = context or zmq.Context.instance()
@@ -239,6 +201,10 @@ class TransferServer:
             if isinstance(msg, wire.Read):
                 self._on_read(identity, msg)
                 continue
+            if isinstance(msg, wire.Release):
+                if self.grants.allowed(msg.request_id):
+                    self._events.append(ServeEvent("released", msg.request_id))
+                continue
             job = self._jobs.get((identity, msg.transfer_id))
             if job is None:
                 continue
@@ -276,7 +242,7 @@ class TransferServer:
             self._events.append(ServeEvent("refused", msg.request_id, msg.transfer_id, 0, str(exc)))
             self._send(identity, wire.Refused(msg.transfer_id, exc.code, str(exc)))
             return
-        job = _Job(
+        job = ServeJob(
             identity=identity,
             transfer_id=msg.transfer_id,
             request_id=msg.request_id,
@@ -287,7 +253,7 @@ class TransferServer:
             deadline=time.monotonic() + max(0.0, float(msg.timeout_s)) + 1.0,
             faults=faults,
         )
-        job.chunks = self._plan_chunks(pages, self._plane.max_chunk_bytes(sink, self._chunk_bytes))
+        job.chunks = plan_chunks(pages, self._plane.max_chunk_bytes(sink, self._chunk_bytes))
         if faults.delay_s:
             job.not_before = time.monotonic() + faults.delay_s
         self._jobs[(identity, msg.transfer_id)] = job
@@ -304,19 +270,7 @@ class TransferServer:
             pages.append(PageCopy(group, src, dst, nbytes))
         return pages
 
-    @staticmethod
-    def _plan_chunks(pages: list[PageCopy], limit: int) -> list[tuple[int, int]]:
-        chunks: list[tuple[int, int]] = []
-        first, size = 0, 0
-        for i, page in enumerate(pages):
-            if i > first and size + page.nbytes > limit:
-                chunks.append((first, i - first))
-                first, size = i, 0
-            size += page.nbytes
-        chunks.append((first, len(pages) - first))
-        return chunks
-
-    def _can_send(self, job: _Job, now: float) -> bool:
+    def _can_send(self, job: ServeJob, now: float) -> bool:
         return (
             not job.dead
             and not job.cancelled
@@ -334,7 +288,9 @@ class TransferServer:
                     self._start_chunk(job, now)
                     self._complete_pending(job)
                 if (
-                    not job.done_sent and not job.dead and not job.pending
+                    not job.done_sent
+                    and not job.dead
+                    and not job.pending
                     and job.next_chunk == len(job.chunks)
                 ):
                     claimed = len(job.pages)  # `short` claims all pages it did not send
@@ -345,12 +301,13 @@ class TransferServer:
                 self._fail(job, exc)
             except zmq.ZMQError as exc:  # the reader is gone (ROUTER_MANDATORY)
                 self._events.append(
-                    ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
-                               f"reader gone: {exc}")
+                    ServeEvent(
+                        "read_failed", job.request_id, job.transfer_id, 0, f"reader gone: {exc}"
+                    )
                 )
                 self._finish(job)
 
-    def _start_chunk(self, job: _Job, now: float) -> None:
+    def _start_chunk(self, job: ServeJob, now: float) -> None:
         index = job.next_chunk
         first, count = job.chunks[index]
         faults = job.faults
@@ -381,7 +338,7 @@ class TransferServer:
             raise
         job.pending.append((index, first, count, pending, digests))
 
-    def _complete_pending(self, job: _Job) -> None:
+    def _complete_pending(self, job: ServeJob) -> None:
         while job.pending:
             index, first, count, pending, digests = job.pending[0]
             if not pending.poll():
@@ -398,7 +355,7 @@ class TransferServer:
             self._stats["pages_sent"] += count
             self._maybe_die(job)
 
-    def _maybe_die(self, job: _Job) -> None:
+    def _maybe_die(self, job: ServeJob) -> None:
         limit = job.faults.die_after_pages
         if limit is not None and job.pages_sent >= limit:
             if job.faults.exit_process:
@@ -410,18 +367,19 @@ class TransferServer:
             if now > job.deadline:
                 if not job.done_sent:
                     self._events.append(
-                        ServeEvent("read_failed", job.request_id, job.transfer_id, 0,
-                                   "reader timed out")
+                        ServeEvent(
+                            "read_failed", job.request_id, job.transfer_id, 0, "reader timed out"
+                        )
                     )
                 self._finish(job)
 
-    def _fail(self, job: _Job, exc: TransferError) -> None:
+    def _fail(self, job: ServeJob, exc: TransferError) -> None:
         self._events.append(ServeEvent("read_failed", job.request_id, job.transfer_id, 0, str(exc)))
         with contextlib.suppress(zmq.ZMQError):
             self._send(job.identity, wire.Failed(job.transfer_id, exc.code, str(exc)))
         self._finish(job)
 
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: ServeJob) -> None:
         """Forget a job; abort its in-flight chunks. A chunk that cannot be stopped stays
         an orphan, polled until done, so `release` still waits for it (safety rule 4)."""
         while job.pending:

@@ -118,7 +118,8 @@ class ShmReceiver(ReceiverPlane):
         self._direct_sink = b""
         if shared is not None:
             self._direct_sink = msgspec.msgpack.encode(
-                ShmSink(shared.name, layout.block_bytes, [], direct=True))
+                ShmSink(shared.name, layout.block_bytes, [], direct=True)
+            )
         self.slot_bytes = max(options.chunk_bytes, layout.block_bytes)
         num_slots = 0 if self.direct else max(2, options.staging_bytes // self.slot_bytes)
         self._area: SharedFile | None = None
@@ -181,7 +182,6 @@ class ShmReceiver(ReceiverPlane):
     def close(self) -> None:
         if self._area is not None:
             self._area.close()
-
 
 
 class ShmSender(SenderPlane):

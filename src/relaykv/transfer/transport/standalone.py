@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-bytes", type=int, default=4 << 20)
     args = parser.parse_args(argv)
     try:
-        layout = PageLayout(args.num_blocks, args.block_bytes,
-                            tuple(int(x) for x in args.page_bytes.split(",")))
+        layout = PageLayout(
+            args.num_blocks, args.block_bytes, tuple(int(x) for x in args.page_bytes.split(","))
+        )
         options = replace(options_from_args(args), chunk_bytes=args.chunk_bytes)
     except ValueError as exc:
         parser.error(str(exc))
@@ -110,20 +111,39 @@ def main(argv: list[str] | None = None) -> int:
 class StandalonePeer:
     """Spawn and drive a standalone serving process (tests, benchmarks)."""
 
-    def __init__(self, transport: str, layout: PageLayout, seed: int = 0,
-                 host: str = "127.0.0.1", chunk_bytes: int = 4 << 20,
-                 start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        transport: str,
+        layout: PageLayout,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        chunk_bytes: int = 4 << 20,
+        start_timeout_s: float = 60.0,
+    ) -> None:
         self.layout = layout
         self.seed = seed
         cmd = [
-            sys.executable, "-m", "relaykv.transfer.transport.standalone",
-            "--kv-transport", transport, "--kv-transfer-host", host,
-            "--num-blocks", str(layout.num_blocks), "--block-bytes", str(layout.block_bytes),
-            "--page-bytes", ",".join(map(str, layout.page_bytes)), "--seed", str(seed),
-            "--chunk-bytes", str(chunk_bytes),
+            sys.executable,
+            "-m",
+            "relaykv.transfer.transport.standalone",
+            "--kv-transport",
+            transport,
+            "--kv-transfer-host",
+            host,
+            "--num-blocks",
+            str(layout.num_blocks),
+            "--block-bytes",
+            str(layout.block_bytes),
+            "--page-bytes",
+            ",".join(map(str, layout.page_bytes)),
+            "--seed",
+            str(seed),
+            "--chunk-bytes",
+            str(chunk_bytes),
         ]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
         deadline = time.monotonic() + start_timeout_s
         self.descriptor: KVSourceDescriptor | None = None
         while self.descriptor is None:
@@ -131,7 +151,7 @@ class StandalonePeer:
             if not line:
                 raise RuntimeError(f"standalone peer exited early (rc={self.proc.wait()})")
             if line.startswith(READY):
-                self.descriptor = KVSourceDescriptor.from_json(line[len(READY):])
+                self.descriptor = KVSourceDescriptor.from_json(line[len(READY) :])
             elif time.monotonic() > deadline:
                 raise RuntimeError("standalone peer did not start in time")
 
@@ -143,14 +163,17 @@ class StandalonePeer:
             if not line:
                 raise RuntimeError(f"standalone peer died (rc={self.proc.poll()})")
             if line.startswith("RELAYKV-OK "):
-                return json.loads(line[len("RELAYKV-OK "):])
+                return json.loads(line[len("RELAYKV-OK ") :])
             if line.startswith("RELAYKV-ERR "):
-                raise RuntimeError(line[len("RELAYKV-ERR "):].strip())
+                raise RuntimeError(line[len("RELAYKV-ERR ") :].strip())
 
     def allow(self, request_id: str, blocks: dict[int, list[int]], lease_s: float = 30.0) -> None:
-        self.call("allow", request_id=request_id,
-                  blocks={str(g): list(map(int, ids)) for g, ids in blocks.items()},
-                  lease_s=lease_s)
+        self.call(
+            "allow",
+            request_id=request_id,
+            blocks={str(g): list(map(int, ids)) for g, ids in blocks.items()},
+            lease_s=lease_s,
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -14,6 +14,10 @@ Conversation of one transfer (D's DEALER <-> P's ROUTER):
     P -> D  Done(num_pages) | Failed(reason)
     D -> P  Ack(ok, code, reason)                   D's verdict, for P's bookkeeping
     D -> P  Cancel                                  D gave up (timeout); P stops
+
+Outside a transfer: D -> P Release(request_id) when D will never read a request's pages
+(it reused everything locally, or the request ended first), so P frees them before the
+lease runs out.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class Ack(msgspec.Struct, tag="ack", frozen=True):
     reason: str = ""
 
 
+class Release(msgspec.Struct, tag="release", frozen=True):
+    request_id: str
+
+
 class Refused(msgspec.Struct, tag="refused", frozen=True):
     transfer_id: str
     code: str
@@ -76,7 +84,7 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     reason: str
 
 
-ToServer = Read | Credit | Cancel | Ack
+ToServer = Read | Credit | Cancel | Ack | Release
 ToClient = Refused | Chunk | Done | Failed
 
 

@@ -1,0 +1,187 @@
+"""Attention plans: where each token's KV goes and which pages each query reads.
+
+A plan is built once per step and KV group and shared by all layers of the group. It
+holds three things, all as tensors so a CUDA backend can use them unchanged:
+
+* the write slots of every token of the pass (block id, offset in block), in row order;
+* `chunks`: long query runs (prefill chunks), each attended on its own in query
+  sub-blocks of at most `query_block` tokens; a sliding sub-block reads only the pages its
+  window touches (the "chunked for sliding windows" path), a full one reads `[0, end)`;
+* `batched`: the short query runs (decode tokens, speculative verification windows)
+  padded into one `[S, Qmax]` batch with one `[S, NB]` page table and one mask.
+
+Rules enforced here (KVCACHE.md §1, §4): block id 0 is the null block and is never
+written; every page a query reads inside its window must be a real block (non-null), and
+positions below a sliding window may be null. Violations are engine bugs and raise
+`ValueError` naming the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from relaykv.kvcache.geometry import cdiv
+
+
+@dataclass(slots=True)
+class QueryRun:
+    """One sequence's consecutive query tokens in one forward pass."""
+
+    request_id: str
+    row_start: int  # first row of the pass's flat token tensor
+    num_tokens: int
+    start_position: int
+    block_table: Sequence[int]
+
+
+@dataclass(slots=True)
+class ChunkPlan:
+    """One query sub-block of a long run, attended on its own."""
+
+    row_start: int
+    row_end: int
+    block_ids: torch.Tensor  # [nb] pages read, in order
+    mask: torch.Tensor  # [m, nb * block_size] bool, True = attend
+
+
+@dataclass(slots=True)
+class BatchedPlan:
+    """Short runs padded into one batch: query rows [S, Qmax], pages [S, NB]."""
+
+    rows: torch.Tensor  # [S, Qmax] row index per query slot (padding repeats a real row)
+    valid: torch.Tensor  # [S, Qmax] bool, False on padding
+    block_ids: torch.Tensor  # [S, NB] (padding pages are the null block, masked out)
+    mask: torch.Tensor  # [S, 1, Qmax, NB * block_size] bool
+
+
+@dataclass(slots=True)
+class GroupPlan:
+    """Everything one KV group's layers need for one forward pass."""
+
+    block_size: int
+    window: int | None
+    num_rows: int
+    slot_blocks: torch.Tensor  # [T] block id of each token's KV
+    slot_offsets: torch.Tensor  # [T] offset inside that block
+    chunks: list[ChunkPlan]
+    batched: BatchedPlan | None
+
+
+def _checked_blocks(run: QueryRun, first: int, last: int, what: str) -> list[int]:
+    table = run.block_table
+    if last > len(table):
+        raise ValueError(
+            f"request {run.request_id}: block table has {len(table)} entries but {what} "
+            f"needs block index {last - 1}"
+        )
+    blocks = list(table[first:last])
+    for index, block in enumerate(blocks):
+        if block <= 0:
+            raise ValueError(
+                f"request {run.request_id}: block index {first + index} is the null block "
+                f"but {what} needs it"
+            )
+    return blocks
+
+
+def _key_start(position: int, window: int | None) -> int:
+    return 0 if window is None else max(0, position - window + 1)
+
+
+def _visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    allowed = kpos.unsqueeze(-2) <= qpos.unsqueeze(-1)
+    if window is not None:
+        allowed &= kpos.unsqueeze(-2) > qpos.unsqueeze(-1) - window
+    return allowed
+
+
+def build_group_plan(
+    runs: Sequence[QueryRun],
+    block_size: int,
+    window: int | None,
+    device: torch.device | str = "cpu",
+    batch_threshold: int = 32,
+    query_block: int = 512,
+) -> GroupPlan:
+    """Plan one group's writes and reads for one pass (see module docstring)."""
+    b = block_size
+    slot_blocks: list[int] = []
+    slot_offsets: list[int] = []
+    chunks: list[ChunkPlan] = []
+    short: list[QueryRun] = []
+    num_rows = 0
+    for run in runs:
+        s, m = run.start_position, run.num_tokens
+        if m <= 0:
+            raise ValueError(f"request {run.request_id}: a query run needs at least one token")
+        if s < 0:
+            raise ValueError(f"request {run.request_id}: negative start position {s}")
+        written = _checked_blocks(run, s // b, cdiv(s + m, b), "writing its KV")
+        base = (s // b) * b
+        for p in range(s, s + m):
+            slot_blocks.append(written[(p - base) // b])
+            slot_offsets.append(p % b)
+        num_rows = max(num_rows, run.row_start + m)
+        if m <= batch_threshold:
+            short.append(run)
+            continue
+        for qs in range(s, s + m, query_block):
+            qe = min(s + m, qs + query_block)
+            first = _key_start(qs, window) // b
+            last = cdiv(qe, b)
+            blocks = _checked_blocks(run, first, last, "attention")
+            qpos = torch.arange(qs, qe)
+            kpos = torch.arange(first * b, last * b)
+            chunks.append(
+                ChunkPlan(
+                    row_start=run.row_start + qs - s,
+                    row_end=run.row_start + qe - s,
+                    block_ids=torch.tensor(blocks, dtype=torch.long, device=device),
+                    mask=_visible(qpos, kpos, window).to(device),
+                )
+            )
+    batched = _batched_plan(short, b, window, device) if short else None
+    return GroupPlan(
+        block_size=b,
+        window=window,
+        num_rows=num_rows,
+        slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=device),
+        slot_offsets=torch.tensor(slot_offsets, dtype=torch.long, device=device),
+        chunks=chunks,
+        batched=batched,
+    )
+
+
+def _batched_plan(
+    runs: Sequence[QueryRun], b: int, window: int | None, device: torch.device | str
+) -> BatchedPlan:
+    q_max = max(r.num_tokens for r in runs)
+    firsts = [_key_start(r.start_position, window) // b for r in runs]
+    lasts = [cdiv(r.start_position + r.num_tokens, b) for r in runs]
+    nb_max = max(last - first for first, last in zip(firsts, lasts, strict=True))
+    n = len(runs)
+    block_ids = torch.zeros((n, nb_max), dtype=torch.long)
+    rows = torch.zeros((n, q_max), dtype=torch.long)
+    valid = torch.zeros((n, q_max), dtype=torch.bool)
+    qpos = torch.zeros((n, q_max), dtype=torch.long)
+    kpos = torch.full((n, nb_max * b), -1, dtype=torch.long)
+    for i, (run, first, last) in enumerate(zip(runs, firsts, lasts, strict=True)):
+        blocks = _checked_blocks(run, first, last, "attention")
+        block_ids[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        m = run.num_tokens
+        rows[i, :m] = torch.arange(run.row_start, run.row_start + m)
+        rows[i, m:] = run.row_start + m - 1
+        valid[i, :m] = True
+        qpos[i, :m] = torch.arange(run.start_position, run.start_position + m)
+        qpos[i, m:] = run.start_position + m - 1  # padding queries copy the last real one
+        kpos[i, : len(blocks) * b] = torch.arange(first * b, last * b)
+    mask = _visible(qpos, kpos, window) & (kpos >= 0).unsqueeze(1)
+    return BatchedPlan(
+        rows=rows.to(device),
+        valid=valid.to(device),
+        block_ids=block_ids.to(device),
+        mask=mask.unsqueeze(1).to(device),
+    )

@@ -1,0 +1,132 @@
+"""KV geometry derived from a model config (KVCACHE.md §1, HELPER_GUIDE "Geometry").
+
+Rules:
+* layers with the same attention kind, window and head shape share one group (one block
+  table serves all of them); full groups come first, then sliding groups in the order
+  their first layer appears;
+* one block size for every group (a runner parameter, default 16);
+* the EAGLE draft layer joins the group of its own attention kind (full by default, like
+  gpt-oss EAGLE3; a sliding draft joins the sliding group with its window) as that
+  group's last layer, and that group is marked `draft=True`. If no target group matches
+  (e.g. a full draft on Mistral, where every layer slides) the draft gets its own group;
+* `bytes_per_token` of a group = layers * 2 (K and V) * kv_heads * head_dim * dtype size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relaykv.kvcache.geometry import Geometry, GroupSpec
+from relaykv.model.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class KVSlot:
+    """Where one attention layer's KV lives: group index and layer index in the group."""
+
+    group: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DraftAttention:
+    """The attention shape of the EAGLE draft layer (what the geometry needs of it)."""
+
+    num_kv_heads: int
+    head_dim: int
+    window: int | None = None  # None: full attention (the default)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    kind: str
+    window: int | None
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """Geometry plus the layer -> (group, index) map and page shapes of each group."""
+
+    geometry: Geometry
+    shapes: tuple[GroupShape, ...]
+    layer_slots: tuple[KVSlot, ...]
+    draft_slot: KVSlot | None
+    dtype: torch.dtype
+
+    @property
+    def block_size(self) -> int:
+        return self.geometry.groups[0].block_size
+
+    def page_shape(self, group: int) -> tuple[int, ...]:
+        """Shape of one page of a group: [layers, 2, block_size, kv_heads, head_dim]."""
+        s = self.shapes[group]
+        return (s.num_layers, 2, self.geometry.groups[group].block_size, s.num_kv_heads, s.head_dim)
+
+    def page_bytes(self, group: int) -> int:
+        return self.geometry.groups[group].page_bytes
+
+
+def derive_layout(
+    config: ModelConfig,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    draft: DraftAttention | None = None,
+) -> KVLayout:
+    """The KV layout of a model (and its draft layer, if any); see the module rules."""
+    if block_size < 1:
+        raise ValueError(f"block size must be >= 1, got {block_size}")
+    keys: list[tuple[str, int | None, int, int]] = []
+    for layer in range(config.num_layers):
+        window = config.window_of(layer)
+        keys.append(("sliding" if window else "full", window, config.num_kv_heads, config.head_dim))
+    draft_key = None
+    if draft is not None:
+        draft_key = (
+            "sliding" if draft.window else "full",
+            draft.window,
+            draft.num_kv_heads,
+            draft.head_dim,
+        )
+    distinct = list(dict.fromkeys(keys + ([draft_key] if draft_key else [])))
+    ordered = [k for k in distinct if k[0] == "full"] + [k for k in distinct if k[0] == "sliding"]
+    counts = {k: 0 for k in ordered}
+    layer_slots = []
+    for key in keys:
+        layer_slots.append(KVSlot(ordered.index(key), counts[key]))
+        counts[key] += 1
+    draft_slot = None
+    if draft_key is not None:
+        draft_slot = KVSlot(ordered.index(draft_key), counts[draft_key])
+        counts[draft_key] += 1
+    elem = torch.empty((), dtype=dtype).element_size()
+    specs, shapes = [], []
+    for i, (kind, window, kvh, hd) in enumerate(ordered):
+        layers = counts[(kind, window, kvh, hd)]
+        specs.append(
+            GroupSpec(
+                kind,  # type: ignore[arg-type]
+                block_size,
+                window=window,
+                draft=draft_slot is not None and draft_slot.group == i,
+                num_layers=layers,
+                bytes_per_token=layers * 2 * kvh * hd * elem,
+            )
+        )
+        shapes.append(GroupShape(kind, window, kvh, hd, layers))
+    geometry = Geometry(tuple(specs), eagle=draft is not None)
+    return KVLayout(geometry, tuple(shapes), tuple(layer_slots), draft_slot, dtype)
+
+
+def geometry_from_config(
+    config: ModelConfig,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    draft: DraftAttention | None = None,
+) -> Geometry:
+    """The `relaykv.kvcache.Geometry` of a model (see `derive_layout`)."""
+    return derive_layout(config, block_size, dtype, draft).geometry
