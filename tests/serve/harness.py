@@ -3,12 +3,14 @@
 `reference_served` builds a `ServedEngine` through the real factory (`assemble_engine`)
 around `PacedExecutor`: the reference executor (tests/engine) plus optional per-step delay
 (to keep requests in flight for disconnect and drain tests) and deterministic logprobs.
-`ServerThread` runs uvicorn in a daemon thread on a free port of 127.0.0.1.
+`ServerThread` runs the CLI's uvicorn server (`DrainingServer`) in a daemon thread on a free
+port of 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 import time
@@ -18,7 +20,8 @@ import uvicorn
 
 from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.serve import EngineOptions, ModelInfo, ServedEngine, assemble_engine
-from relaykv.serve.app import create_app
+from relaykv.serve.app import app_state, create_app
+from relaykv.serve.server import DrainingServer
 from relaykv.steps import StepBatch, StepOutput, TokenLogprobs
 from tests.engine.reference_executor import VOCAB, ReferenceExecutor, with_slot_bytes
 
@@ -98,15 +101,19 @@ def free_socket() -> socket.socket:
 
 
 class ServerThread:
-    """uvicorn serving `create_app(served)` in a daemon thread (no signal handling)."""
+    """`relaykv serve`'s server for `create_app(served)` in a daemon thread."""
 
-    def __init__(self, served: ServedEngine, api_key: str | None = API_KEY) -> None:
+    def __init__(
+        self, served: ServedEngine, api_key: str | None = API_KEY, drain_timeout: float = 2.0
+    ) -> None:
         self.served = served
-        self.app = create_app(served, api_key=api_key, drain_timeout=2.0, idle_wait=0.01)
+        self.app = create_app(served, api_key=api_key, drain_timeout=drain_timeout, idle_wait=0.01)
         self.sock = free_socket()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        # The CLI's server; off the main thread it installs no signal handlers, so tests
+        # deliver "signals" by calling `handle_exit` (see `terminate`).
+        self.server = DrainingServer(config, app_state(self.app))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
@@ -134,6 +141,10 @@ class ServerThread:
                 return True
             time.sleep(0.01)
         return False
+
+    def terminate(self) -> None:
+        """What SIGTERM does to `relaykv serve`: drain, then exit."""
+        self.server.handle_exit(signal.SIGTERM, None)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     for line in served.summary:
         say(line)
-    say(f"API key: {'required' if api_key else 'none (anyone on the network may call /v1)'}")
+    say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
     return serve_app(
         app,

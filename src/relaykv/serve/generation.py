@@ -43,7 +43,9 @@ def usage(num_prompt: int, num_output: int, num_cached: int) -> dict[str, Any]:
 
 
 def sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+    return (
+        b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    )
 
 
 def sse_error(exc: BaseException) -> bytes:

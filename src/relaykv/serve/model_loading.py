@@ -2,7 +2,8 @@
 
 Uses the model layer's public API (`relaykv.model`, docs/model.md): `load_model(spec,
 dtype)` for the target (tiny-hybrid, a packaged preset, an HF directory or a GGUF file),
-`random_draft` / `load_eagle_checkpoint` for the draft, `derive_layout` for the geometry
+`random_draft` / `load_eagle_checkpoint` / tiny-hybrid's distilled
+`tiny_hybrid_draft` for the draft, `derive_layout` for the geometry
 the runner will use, and `ModelRunner(model, num_blocks=..., ...)` as the executor, built
 only once the factory knows the pool size. Stages show a progress bar (GGUF reads show
 their own).
@@ -56,7 +57,12 @@ def load_for_serving(
         bar.set_postfix_str("draft")
         draft = None
         if options.speculative_tokens:
-            if options.draft_model == "random":
+            if options.draft_model is None:
+                # tiny-hybrid's distilled draft (cached after the first, seconds-long run).
+                from relaykv.model.eagle_distill import tiny_hybrid_draft
+
+                draft = tiny_hybrid_draft(loaded.model.dtype, progress=progress)
+            elif options.draft_model == "random":
                 draft = random_draft(config, seed=options.seed or 0, dtype=loaded.model.dtype)
             else:
                 try:

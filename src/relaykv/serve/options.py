@@ -49,7 +49,9 @@ class EngineOptions:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     speculative_tokens: int = 0
-    draft_model: str | None = None  # an EAGLE checkpoint directory, or "random"
+    # An EAGLE checkpoint directory, or "random"; None with speculative tokens: the model's
+    # built-in draft (tiny-hybrid's distilled one).
+    draft_model: str | None = None
     seed: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
@@ -84,9 +86,11 @@ class EngineOptions:
             raise OptionError(
                 "--speculative-tokens", f"must be >= 0, got {self.speculative_tokens}"
             )
-        if self.speculative_tokens and not self.draft_model:
+        if self.speculative_tokens and not self.draft_model and self.model != DEFAULT_MODEL:
             raise OptionError(
-                "--speculative-tokens", "needs --draft-model (an EAGLE checkpoint or 'random')"
+                "--speculative-tokens",
+                "needs --draft-model (an EAGLE checkpoint or 'random'); only tiny-hybrid has a "
+                "built-in draft",
             )
         if self.draft_model and not self.speculative_tokens:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
@@ -131,7 +135,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--draft-model",
         default=None,
         metavar="PATH|random",
-        help="EAGLE draft: a checkpoint directory, or 'random' (seeded random weights)",
+        help="EAGLE draft: a checkpoint directory, or 'random' (seeded random weights); "
+        "tiny-hybrid defaults to its built-in distilled draft",
     )
     model.add_argument("--seed", type=int, default=None, help="sampling / random-draft seed")
     cache = parser.add_argument_group("KV cache and scheduling")
