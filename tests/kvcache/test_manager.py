@@ -199,3 +199,27 @@ def test_duplicate_request_id_rejected() -> None:
         m.add_request("a", [1])
     with pytest.raises(ValueError, match="at least one"):
         m.add_request("b", [])
+
+
+@pytest.mark.parametrize("chunk", [None, 48, 32, 17, 16])
+@pytest.mark.parametrize("draft", [None, 1])
+def test_chunked_prefill_keeps_the_windows_whole_prompt_caching_keeps(chunk, draft) -> None:
+    # A replay boundary's window can start chunks before the boundary is reached (W=64,
+    # b=16: the window of 96 is blocks 2..5, filled by chunks ending at 48 and 96). Blocks
+    # are hashed once, when they fill, so the mask must see boundaries ahead of `upto`;
+    # otherwise block 2 is never hashed and every later hit on this prefix is 0.
+    geo = geometry("full:16", "sliding:16:64", draft=draft)
+    whole = KVCacheManager(geo, 64)
+    chunked = KVCacheManager(geo, 64)
+    prompt = tokens(102)
+    for m, size in ((whole, None), (chunked, chunk)):
+        d = Driver(m)
+        req, _ = d.prefill(prompt, chunk=size)
+        cached = {k for k in range(6) if req.keys(1)[k] in m.pool.maps[1]}
+        d.finish(req)
+        resend, hit = d.prefill(prompt)  # asserts the hit equals the brute-force oracle
+        d.finish(resend)
+        assert_consistent(m)
+    whole_cached = {k for k in range(6) if req.keys(1)[k] in whole.pool.maps[1]}
+    assert cached == whole_cached
+    assert hit == (96 if draft is None else 80)

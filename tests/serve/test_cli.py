@@ -1,0 +1,56 @@
+"""`relaykv serve` flags: a bad value is one line naming the flag, exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaykv.cli import main
+
+
+def fails(capsys: pytest.CaptureFixture[str], *argv: str, loads: bool = False) -> str:
+    """The error line; before the model loads it is all of stderr, after it the last line
+    (the load's progress bar comes first)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert loads or len(lines) == 1, lines
+    assert lines[-1].startswith("relaykv serve: error: argument --"), lines[-1]
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--kv-cache-memory", "12XB"], "--kv-cache-memory"),
+        (["--kv-cache-memory", "0"], "--kv-cache-memory"),
+        (["--kv-cache-memory", "1GiB", "--num-blocks", "10"], "--num-blocks"),
+        (["--port", "70000"], "--port"),
+        (["--block-size", "0"], "--block-size"),
+        (["--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--max-model-len", "1"], "--max-model-len"),
+        (["--num-blocks", "1"], "--num-blocks"),
+        (["--speculative-tokens", "-1"], "--speculative-tokens"),
+        (["--draft-model", "random"], "--draft-model"),
+        (["--model", "x.gguf", "--speculative-tokens", "2"], "--speculative-tokens"),
+        (["--drain-timeout", "-1"], "--drain-timeout"),
+        (["--dtype", "int4"], "--dtype"),
+        (["--served-model-name", " "], "--served-model-name"),
+    ],
+)
+def test_flags_checked_before_loading(capsys, argv: list[str], flag: str) -> None:
+    assert flag in fails(capsys, *argv)
+
+
+def test_flags_checked_against_the_model(capsys) -> None:
+    """These need the model (tiny-hybrid loads in about a second)."""
+    assert "--model" in fails(capsys, "--model", "no-such-model", loads=True)
+    err = fails(capsys, "--num-blocks", "3", loads=True)
+    assert "--num-blocks" in err and "cannot hold one request" in err
+    err = fails(capsys, "--kv-cache-memory", "1MiB", loads=True)
+    assert "--kv-cache-memory" in err and "raise the pool" in err
+    assert "--max-model-len" in fails(capsys, "--max-model-len", "100000", loads=True)
+    assert "--retention" in fails(capsys, "--retention", "interval:10", loads=True)
+    assert "--draft-model" in fails(
+        capsys, "--speculative-tokens", "2", "--draft-model", "/no/such/draft", loads=True
+    )
