@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("relaykv.model.generate_cli", "offline generation (tiny-hybrid by default)"),
     "router": ("relaykv.serve.router_cli", "P/D router in front of prefill and decode engines"),
     "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),
+    "up": ("relaykv.serve.up_cli", "a local P/D cluster: prefill + decode engines and a router"),
 }
 
 
@@ -56,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     parser = CliParser(prog=f"relaykv {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
-    args = parser.parse_args(rest)
+    if getattr(module, "FORWARDS_UNKNOWN_FLAGS", False):
+        # e.g. `relaykv up` hands the flags it does not know to the engines it starts.
+        args, extra = parser.parse_known_args(rest)
+        args._extra = extra
+    else:
+        args = parser.parse_args(rest)
     # A subcommand that validates values after parsing takes the parser too, so its errors
     # use the same one-line format naming the flag.
     if module.run.__code__.co_argcount >= 2:
