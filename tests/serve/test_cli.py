@@ -36,6 +36,9 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str, loads: bool = False) -
         (["--drain-timeout", "-1"], "--drain-timeout"),
         (["--dtype", "int4"], "--dtype"),
         (["--served-model-name", " "], "--served-model-name"),
+        (["--role", "router"], "--role"),
+        (["--kv-load-failure", "retry"], "--kv-load-failure"),
+        (["--kv-lease-seconds", "0"], "--kv-lease-seconds"),
     ],
 )
 def test_flags_checked_before_loading(capsys, argv: list[str], flag: str) -> None:
@@ -51,6 +54,7 @@ def test_flags_checked_against_the_model(capsys) -> None:
     assert "--kv-cache-memory" in err and "raise the pool" in err
     assert "--max-model-len" in fails(capsys, "--max-model-len", "100000", loads=True)
     assert "--retention" in fails(capsys, "--retention", "interval:10", loads=True)
+    assert "connector" in fails(capsys, "--role", "decode", loads=True)  # P/D: issue 5
     assert "--draft-model" in fails(
         capsys, "--speculative-tokens", "2", "--draft-model", "/no/such/draft", loads=True
     )

@@ -113,3 +113,31 @@ def test_a_pool_that_exactly_fits_one_request_is_accepted() -> None:
                 num_blocks=sizing.blocks_per_request, max_model_len=512, max_num_batched_tokens=64
             )
         )
+
+
+def test_pd_roles_plug_a_connector_in_through_the_factory_hook() -> None:
+    built = []
+
+    class Connector:  # the KVConnector surface the engine calls; nothing moves here
+        def validate(self, params): ...
+        def prefill_finished(self, request): ...
+        def start_load(self, request, load): ...
+        def release_remote(self, request): ...
+        def poll(self):
+            return []
+
+        def shutdown(self): ...
+
+    def factory(engine):
+        built.append(engine)
+        return Connector()
+
+    options = EngineOptions(num_blocks=400, max_model_len=256, role="prefill", pd_policy="exact")
+    served = assemble_engine(
+        options, model(), GEOMETRY, lambda n: PacedExecutor(HYBRID, n), connector_factory=factory
+    )
+    engine = served.engine
+    assert built == [engine] and isinstance(engine.connector, Connector)
+    assert engine.scheduler.connector is engine.connector
+    assert engine.config.role == "prefill" and engine.manager.pd_policy == "exact"
+    assert any(line.startswith("P/D: role prefill, policy exact") for line in served.summary)

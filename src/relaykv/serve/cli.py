@@ -6,7 +6,12 @@ import argparse
 import logging
 import os
 
-from relaykv.serve.options import OptionError, add_engine_arguments, engine_options
+from relaykv.serve.options import (
+    OptionError,
+    add_engine_arguments,
+    add_pd_arguments,
+    engine_options,
+)
 
 log = logging.getLogger("relaykv.serve")
 API_KEY_ENV = "RELAYKV_API_KEY"
@@ -14,6 +19,7 @@ API_KEY_ENV = "RELAYKV_API_KEY"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
+    add_pd_arguments(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -61,6 +67,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from relaykv.serve.engine_factory import build_engine
     from relaykv.serve.server import serve_app
 
+    # P/D (issue 5): pass connector_factory= here for --role prefill|decode.
     try:
         served = build_engine(options)
     except OptionError as exc:

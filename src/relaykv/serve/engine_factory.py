@@ -8,10 +8,13 @@ that one request of `max_model_len` tokens fits, builds the engine and writes th
 summary (geometry, pool, per-request caps, maximum concurrency, shortest reusable prompt),
 so a 0% hit rate is never a surprise.
 
-P/D hook (issue 5): pass `connector=` (a `relaykv.engine.KVConnector`) together with
-`options.role` / `pd_policy` / `kv_load_failure`; the factory puts them in the engine and
-scheduler configs and counts the P/D plan's retention in the sizing caps. A role other than
-`colocated` without a connector is refused.
+P/D hook (issue 5): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
+e.g. a `relaykv.transfer.PDConnector` over `engine.manager`, the runner's KV buffer
+`engine.executor.kv.buffer` and the transport named by `options.kv_transport`) together
+with `options.role` / `pd_policy` / `kv_load_failure` / `kv_lease_seconds`. The factory puts
+role, policy and failure policy in the engine and scheduler configs (so the sizing caps count
+the P/D plan's retention), builds the engine, then calls the factory and attaches the
+connector. A role other than `colocated` without a factory is refused naming `--role`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from relaykv.serve.options import DEFAULT_MAX_MODEL_LEN, EngineOptions, OptionEr
 from relaykv.serve.sizes import format_bytes
 
 log = logging.getLogger("relaykv.serve")
+
+# Builds the P/D connector of an engine (called once, after the engine exists).
+ConnectorFactory = Callable[[LLMEngine], KVConnector]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +105,15 @@ def assemble_engine(
     geometry: Geometry,
     make_executor: Callable[[int], Executor],
     *,
-    connector: KVConnector | None = None,
+    connector_factory: ConnectorFactory | None = None,
 ) -> ServedEngine:
     """Size the pool, build the executor for it and the engine around it (see module doc)."""
     options.check()
-    if options.role != "colocated" and connector is None:
+    if options.role != "colocated" and connector_factory is None:
         raise OptionError(
-            "--role", f"role {options.role!r} needs a KV connector (relaykv.transfer)"
+            "--role",
+            f"role {options.role!r} needs a KV connector; this command has no P/D wiring "
+            "(build_engine(..., connector_factory=...), docs/serving.md)",
         )
     try:
         retention = parse_retention(options.retention, geometry.alignment)
@@ -157,8 +165,10 @@ def assemble_engine(
         tokenizer=model.tokenizer,
         eos_token_ids=model.eos_token_ids,
         vocab_size=model.vocab_size,
-        connector=connector,
     )
+    if options.role != "colocated":
+        assert connector_factory is not None
+        engine.attach_connector(connector_factory(engine))
     chat = model.chat or ChatFormatter(model.tokenizer, None, model.bos_token_id)
     served = ServedEngine(
         engine, model, config.model_name, max_model_len, options, chat, summary=[]
@@ -206,11 +216,16 @@ def startup_summary(served: ServedEngine, geometry: Geometry, sizing: CacheSizin
 
 
 def build_engine(
-    options: EngineOptions, *, connector: KVConnector | None = None, progress: bool = True
+    options: EngineOptions,
+    *,
+    connector_factory: ConnectorFactory | None = None,
+    progress: bool = True,
 ) -> ServedEngine:
     """Load the model named by `options.model` and build its engine (raises OptionError)."""
     from relaykv.serve.model_loading import load_for_serving  # torch: only when serving
 
     options.check()
     model, geometry, make_executor = load_for_serving(options, progress=progress)
-    return assemble_engine(options, model, geometry, make_executor, connector=connector)
+    return assemble_engine(
+        options, model, geometry, make_executor, connector_factory=connector_factory
+    )

@@ -6,10 +6,12 @@ exits 2). Checks that need the model (pool too small for `--max-model-len`, a re
 interval that is not a multiple of the alignment) happen in the factory and raise the same
 error.
 
-P/D (issue 5, wired by the lead): `role`, `pd_policy`, `kv_transfer`, `kv_lease_seconds`
-and `kv_load_failure` are fields here with colocated defaults and no flags yet; the P/D
-launcher sets them (or adds the flags in `add_pd_arguments`) and passes a connector object
-to `relaykv.serve.engine_factory.build_engine`.
+P/D (issue 5): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
+`--kv-load-failure` and the transport's own flags (`relaykv.transfer.transport.registry`:
+`--kv-transport`, `--kv-transfer-host/-port/-timeout`); they land in `EngineOptions` (the
+transport flags stay on the namespace for `options_from_args`). A role other than
+`colocated` needs a connector: `build_engine(options, connector_factory=...)` builds it over
+the engine (see `relaykv.serve.engine_factory`); without one the factory refuses the role.
 """
 
 from __future__ import annotations
@@ -55,12 +57,12 @@ class EngineOptions:
     seed: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
-    # P/D (see the module docstring): colocated defaults, no flags yet.
+    # P/D (see the module docstring).
     role: str = "colocated"
     pd_policy: str = "per-group"
-    kv_transfer: str | None = None  # transport name (shm, tcp, nixl, mooncake)
-    kv_lease_seconds: float = 60.0
-    kv_load_failure: str = "recompute"
+    kv_transport: str = "shm"  # relaykv.transfer transport name (shm, tcp, nixl, mooncake)
+    kv_lease_seconds: float = 30.0  # P holds a request's blocks at most this long for D
+    kv_load_failure: str = "recompute"  # D: recompute locally, or fail the request
 
     @property
     def pool_memory(self) -> int:
@@ -169,6 +171,38 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
+    """P/D flags (issue 5); colocated defaults. See the module docstring."""
+    from relaykv.transfer.transport.registry import add_transport_arguments
+
+    pd = parser.add_argument_group("P/D disaggregation")
+    pd.add_argument(
+        "--role",
+        choices=ROLES,
+        default="colocated",
+        help="colocated (default), or prefill / decode engine of a P/D pair",
+    )
+    pd.add_argument(
+        "--pd-policy",
+        choices=PD_POLICIES,
+        default="per-group",
+        help="which KV blocks move from P to D (KVCACHE.md §7)",
+    )
+    pd.add_argument(
+        "--kv-lease-seconds",
+        type=float,
+        default=30.0,
+        help="P frees held blocks D has not read after this long",
+    )
+    pd.add_argument(
+        "--kv-load-failure",
+        choices=KV_LOAD_FAILURE_POLICIES,
+        default="recompute",
+        help="D: recompute a failed load locally, or fail the request",
+    )
+    add_transport_arguments(parser)
+
+
 def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
     """`EngineOptions` from parsed arguments (plus `extra` fields); raises `OptionError`."""
     options = EngineOptions(
@@ -186,7 +220,13 @@ def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
         seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching,
         served_model_name=getattr(args, "served_model_name", None),
+        **_pd_fields(args),
         **extra,
     )
     options.check()
     return options
+
+
+def _pd_fields(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("role", "pd_policy", "kv_transport", "kv_lease_seconds", "kv_load_failure")
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}

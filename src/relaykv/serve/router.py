@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from relaykv.serve.errors import APIError, error_body, install_error_handlers
 
 from relaykv.serve.backends import Backend, BackendPool
+from relaykv.serve.errors import APIError, error_body, install_error_handlers
 
 log = logging.getLogger(__name__)
 
