@@ -44,3 +44,20 @@ def test_pd_output_equals_colocated(policy: str, transport: str) -> None:
                 assert not eng.manager.requests
     finally:
         pair.close()
+
+
+def test_decode_engine_times_its_kv_loads() -> None:
+    """`EngineMetrics.kv_transfer` (relaykv:kv_transfer_seconds) gets one sample per load
+    that moved bytes, on the decode engine only."""
+    pair = PDPair(GEO, "per-group", TRANSPORTS[0])
+    try:
+        prompts = [_prompt(n, seed=n) for n in (40, 97)]
+        for i, p in enumerate(prompts):
+            pair.decode(f"r{i}", p, pair.prefill(f"r{i}", p), 4)
+        pair.run()
+        timed = pair.d.metrics.kv_transfer
+        assert timed.count == 2 and timed.total > 0
+        assert pair.p.metrics.kv_transfer.count == 0
+        assert pair.d.manager.stats.kv_bytes_received > 0
+    finally:
+        pair.close()
