@@ -187,7 +187,14 @@ class KVCacheManager:
                 continue
             mask = None
             if isinstance(rule, SlidingWindowGroup):
-                mask = sliding_mask(rule, self.retention, self.boundaries(req), req.junction, upto)
+                # Blocks are hashed once, when they fill (`num_cached_blocks` moves past them),
+                # so the mask must already name the windows of points a little beyond `upto`:
+                # under chunked prefill the window of a replay boundary r > upto starts below
+                # upto (§6). Any window reaching below `end` belongs to r < upto + W + b(1+peek).
+                horizon = upto + rule.window + rule.block_size * (1 + rule.peek)
+                mask = sliding_mask(
+                    rule, self.retention, self.boundaries(req), req.junction, horizon
+                )
             self.pool.cache_blocks(
                 g,
                 ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
