@@ -139,6 +139,8 @@ def test_api_key(server: ServerThread) -> None:
         )
         check_error(c.post("/v1/completions", json=body, headers={"Authorization": API_KEY}), 401)
         check_error(c.get("/v1/models"), 401)
+        weird = {"Authorization": b"Bearer \xff\xfe"}
+        check_error(c.post("/v1/completions", json=body, headers=weird), 401)
         assert c.get("/health").status_code == 200
         assert c.get("/metrics").status_code == 200
     bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)

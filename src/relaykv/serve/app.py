@@ -53,12 +53,17 @@ class AccessGate:
         key = self.state.api_key
         if key:
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+            given = headers.get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            # bytes on both sides: compare_digest refuses non-ASCII str (a 500, not a 401)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                token.strip(), key.encode("utf-8")
+            ):
                 message = "Missing API key" if not given else "Incorrect API key provided"
                 return APIError(
-                    401, f"{message} (send Authorization: Bearer <key>)", code="invalid_api_key"
+                    401,
+                    f"{message} (send Authorization: Bearer <key>)",
+                    code="invalid_api_key",
                 )
         if self.state.draining:
             return APIError(503, "the server is shutting down", code="service_unavailable")
