@@ -39,6 +39,8 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str, loads: bool = False) -
         (["--role", "router"], "--role"),
         (["--kv-load-failure", "retry"], "--kv-load-failure"),
         (["--kv-lease-seconds", "0"], "--kv-lease-seconds"),
+        (["--role", "decode", "--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
+        (["--role", "prefill", "--kv-transfer-port", "70000"], "--kv-transfer-port"),
     ],
 )
 def test_flags_checked_before_loading(capsys, argv: list[str], flag: str) -> None:
@@ -54,7 +56,6 @@ def test_flags_checked_against_the_model(capsys) -> None:
     assert "--kv-cache-memory" in err and "raise the pool" in err
     assert "--max-model-len" in fails(capsys, "--max-model-len", "100000", loads=True)
     assert "--retention" in fails(capsys, "--retention", "interval:10", loads=True)
-    assert "connector" in fails(capsys, "--role", "decode", loads=True)  # P/D: issue 5
     assert "--draft-model" in fails(
         capsys, "--speculative-tokens", "2", "--draft-model", "/no/such/draft", loads=True
     )

@@ -211,7 +211,10 @@ class LLMEngine:
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_ids),
             num_cached_tokens=req.num_cached_tokens,
-            kv_transfer_params=req.kv_transfer_params if req.finished else None,
+            # Only a prefill engine answers with transfer parameters (where its KV is).
+            kv_transfer_params=req.kv_transfer_params
+            if req.finished and self.config.role == "prefill"
+            else None,
             error=req.error,
         )
 

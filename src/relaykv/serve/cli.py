@@ -67,9 +67,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from relaykv.serve.engine_factory import build_engine
     from relaykv.serve.server import serve_app
 
-    # P/D (issue 5): pass connector_factory= here for --role prefill|decode.
+    from relaykv.serve.pd_wiring import connector_factory
+
     try:
-        served = build_engine(options)
+        factory = connector_factory(options, args)
+        served = build_engine(options, connector_factory=factory)
     except OptionError as exc:
         parser.error(str(exc))
     for line in served.summary:

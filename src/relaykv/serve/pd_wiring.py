@@ -1,0 +1,52 @@
+"""Turning `--role prefill|decode` and the KV transfer flags into a P/D connector.
+
+The connector is built over the engine's cache manager and the model runner's KV page buffer
+(`relaykv.transfer.PDConnector`); the engine factory calls the function returned here once the
+engine exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+from relaykv.engine import KVConnector, LLMEngine
+from relaykv.serve.engine_factory import ConnectorFactory
+from relaykv.serve.options import EngineOptions, OptionError
+from relaykv.transfer.connector import PDConnector
+from relaykv.transfer.transport import TransportUnavailable, get_transport, options_from_args
+
+
+def connector_factory(options: EngineOptions, args: argparse.Namespace) -> ConnectorFactory | None:
+    """A factory for the engine's connector, or None for a colocated engine.
+
+    Transport problems (a bad flag, a library that is not installed) are raised here, before
+    the model loads, as `OptionError`s naming the flag.
+    """
+    if options.role == "colocated":
+        return None
+    try:
+        transport_options = options_from_args(args)
+    except ValueError as exc:
+        flag = str(exc).split()[0]
+        raise OptionError(flag, str(exc).split(" ", 1)[1]) from None
+    transport = get_transport(options.kv_transport)
+    try:
+        transport.require()
+    except TransportUnavailable as exc:
+        raise OptionError("--kv-transport", str(exc)) from None
+    engine_id = f"{options.role}-{socket.gethostname()}-{os.getpid()}"
+
+    def build(engine: LLMEngine) -> KVConnector:
+        return PDConnector(
+            options.role,
+            engine.manager,
+            transport,
+            engine.executor.kv.buffer,  # the model runner's KV page buffer
+            engine_id=engine_id,
+            options=transport_options,
+            lease_seconds=options.kv_lease_seconds,
+        )
+
+    return build
