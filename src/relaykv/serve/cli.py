@@ -65,9 +65,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     from relaykv.serve.app import create_app
     from relaykv.serve.engine_factory import build_engine
-    from relaykv.serve.server import serve_app
-
     from relaykv.serve.pd_wiring import connector_factory
+    from relaykv.serve.server import serve_app
 
     try:
         factory = connector_factory(options, args)
