@@ -104,5 +104,9 @@ class TorchPagedAttention(AttentionBackend):
                 enable_gqa=True,
             )
             result = result.transpose(1, 2)  # [S, Qmax, heads, d]
-            out[batched.rows[batched.valid]] = result[batched.valid]
+            if batched.contiguous:
+                first = batched.first_row
+                out[first : first + batched.valid_rows.numel()] = result.flatten(0, 1)
+            else:
+                out[batched.valid_rows] = result[batched.valid]
         return out

@@ -53,6 +53,9 @@ class BatchedPlan:
 
     rows: torch.Tensor  # [S, Qmax] row index per query slot (padding repeats a real row)
     valid: torch.Tensor  # [S, Qmax] bool, False on padding
+    valid_rows: torch.Tensor  # rows[valid]: where each real query's output goes
+    contiguous: bool  # no padding and rows are consecutive: outputs need no scatter
+    first_row: int  # the first row when contiguous
     block_ids: torch.Tensor  # [S, NB] (padding pages are the null block, masked out)
     mask: torch.Tensor  # [S, 1, Qmax, NB * block_size] bool
 
@@ -158,30 +161,37 @@ def build_group_plan(
 def _batched_plan(
     runs: Sequence[QueryRun], b: int, window: int | None, device: torch.device | str
 ) -> BatchedPlan:
+    # Built from Python lists with one tensor per field: this runs every step.
     q_max = max(r.num_tokens for r in runs)
     firsts = [_key_start(r.start_position, window) // b for r in runs]
     lasts = [cdiv(r.start_position + r.num_tokens, b) for r in runs]
     nb_max = max(last - first for first, last in zip(firsts, lasts, strict=True))
-    n = len(runs)
-    block_ids = torch.zeros((n, nb_max), dtype=torch.long)
-    rows = torch.zeros((n, q_max), dtype=torch.long)
-    valid = torch.zeros((n, q_max), dtype=torch.bool)
-    qpos = torch.zeros((n, q_max), dtype=torch.long)
-    kpos = torch.full((n, nb_max * b), -1, dtype=torch.long)
-    for i, (run, first, last) in enumerate(zip(runs, firsts, lasts, strict=True)):
+    block_rows, row_rows, q_starts, counts = [], [], [], []
+    for run, first, last in zip(runs, firsts, lasts, strict=True):
         blocks = _checked_blocks(run, first, last, "attention")
-        block_ids[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        block_rows.append(blocks + [0] * (nb_max - len(blocks)))
         m = run.num_tokens
-        rows[i, :m] = torch.arange(run.row_start, run.row_start + m)
-        rows[i, m:] = run.row_start + m - 1
-        valid[i, :m] = True
-        qpos[i, :m] = torch.arange(run.start_position, run.start_position + m)
-        qpos[i, m:] = run.start_position + m - 1  # padding queries copy the last real one
-        kpos[i, : len(blocks) * b] = torch.arange(first * b, last * b)
-    mask = _visible(qpos, kpos, window) & (kpos >= 0).unsqueeze(1)
+        # padding query slots repeat the run's last row (and position): never fully masked
+        row_rows.append([run.row_start + min(j, m - 1) for j in range(q_max)])
+        q_starts.append(run.start_position)
+        counts.append(m)
+    j = torch.arange(q_max)
+    count = torch.tensor(counts)
+    valid = j[None, :] < count[:, None]
+    qpos = torch.tensor(q_starts)[:, None] + torch.minimum(j[None, :], count[:, None] - 1)
+    kpos = torch.tensor(firsts)[:, None] * b + torch.arange(nb_max * b)[None, :]
+    real = kpos < torch.tensor(lasts)[:, None] * b
+    mask = _visible(qpos, kpos, window) & real.unsqueeze(1)
+    rows = torch.tensor(row_rows)
+    uniform = bool(valid.all()) and torch.equal(
+        rows.flatten(), torch.arange(rows.numel()) + int(rows[0, 0])
+    )
     return BatchedPlan(
         rows=rows.to(device),
         valid=valid.to(device),
-        block_ids=block_ids.to(device),
+        valid_rows=rows[valid].to(device),
+        contiguous=uniform,
+        first_row=int(rows[0, 0]),
+        block_ids=torch.tensor(block_rows, dtype=torch.long).to(device),
         mask=mask.unsqueeze(1).to(device),
     )
