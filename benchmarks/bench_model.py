@@ -133,52 +133,49 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> list[dict
             hf.generate(x, max_new_tokens=steps + 1, do_sample=False, **eos)
             return max(time.perf_counter() - start - t1, 1e-9)
 
+    # Each case: (name, tokens, relaykv timer, {baseline: transformers timer}). Within a
+    # trial the sides run back to back, so both see the same machine conditions (the CPU
+    # may be shared); each reported number is the median over trials.
     cases = [
-        (f"prefill {plen}", plen, ours_prefill, hf_prefill, "forward"),
+        (f"prefill {plen}", plen, ours_prefill, {"forward": hf_prefill}),
         (
             "decode b1",
             steps,
             lambda: ours_decode(prompts[:1]),
-            lambda: hf_generate(prompts[:1]),
-            "generate",
+            {"generate": lambda: hf_generate(prompts[:1])},
         ),
         (
             f"decode b{batch}",
             batch * steps,
             lambda: ours_decode(prompts),
-            lambda: sum(hf_generate([p]) for p in prompts),
-            "generate, one request at a time",
-        ),
-        (
-            f"decode b{batch}",
-            batch * steps,
-            lambda: ours_decode(prompts),
-            lambda: hf_generate(prompts),
-            "generate, padded batch",
+            {
+                f"generate x{batch}, one at a time": lambda: sum(hf_generate([p]) for p in prompts),
+                "generate, padded batch": lambda: hf_generate(prompts),
+            },
         ),
     ]
     ours_prefill(), hf_prefill()  # warm-up
     rows = []
-    for case, tokens, mine, theirs, baseline in cases:
-        # Alternate the two sides so both see the same machine conditions (the CPU may
-        # be shared); report medians.
-        t_ours, t_hf = [], []
+    for case, tokens, mine, baselines in cases:
+        t_ours: list[float] = []
+        t_hf: dict[str, list[float]] = {b: [] for b in baselines}
         for _ in range(args.repeats):
             t_ours.append(mine())
-            t_hf.append(theirs())
-        rows.append(
-            dict(
+            for baseline, theirs in baselines.items():
+                t_hf[baseline].append(theirs())
+        for baseline, times in t_hf.items():
+            row = dict(
                 model=name,
                 case=case,
                 ours=tokens / statistics.median(t_ours),
-                hf=tokens / statistics.median(t_hf),
+                hf=tokens / statistics.median(times),
                 baseline=baseline,
             )
-        )
-        print(
-            f"# {name} {case} vs {baseline}: {rows[-1]['ours']:.1f} vs {rows[-1]['hf']:.1f} tok/s",
-            file=sys.stderr,
-        )
+            rows.append(row)
+            print(
+                f"# {name} {case} vs {baseline}: {row['ours']:.1f} vs {row['hf']:.1f} tok/s",
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -188,7 +185,7 @@ def _plot(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['model']}\n{r['case']}\nvs {r['baseline']}" for r in rows]
+    labels = [f"{r['model']}\n{r['case']}\nvs {r['baseline'].replace(', ', chr(10))}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 5))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["hf"] for r in rows], 0.4, label="transformers")
@@ -231,11 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# skipping {name}: package not installed", file=sys.stderr)
                 continue
             rows += bench_model(name, args, Path(tmp))
-    header = f"{'model':<13} {'case':<14} {'relaykv tok/s':>13} {'transformers':>13}"
+    header = f"{'model':<13} {'case':<12} {'relaykv tok/s':>13} {'transformers':>13}"
     print(f"{header} {'ratio':>7}  baseline")
     for r in rows:
         print(
-            f"{r['model']:<13} {r['case']:<14} {r['ours']:>13.1f} {r['hf']:>13.1f} "
+            f"{r['model']:<13} {r['case']:<12} {r['ours']:>13.1f} {r['hf']:>13.1f} "
             f"{r['ours'] / r['hf']:>6.2f}x  {r['baseline']}"
         )
     _plot(rows, args.out)
