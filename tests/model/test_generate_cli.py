@@ -21,8 +21,18 @@ def _json(capsys, *args):
 
 
 def test_json_output_shape(capsys):
-    rows = _json(capsys, "--prompt", "Hi there", "--prompt-ids", "1,72,101", "--max-tokens", "5",
-                 "--logprobs", "2", "--ignore-eos")
+    rows = _json(
+        capsys,
+        "--prompt",
+        "Hi there",
+        "--prompt-ids",
+        "1,72,101",
+        "--max-tokens",
+        "5",
+        "--logprobs",
+        "2",
+        "--ignore-eos",
+    )
     assert [r["prompt_ids"] for r in rows] == [ByteTokenizer().encode("Hi there"), [1, 72, 101]]
     for row in rows:
         assert len(row["output_ids"]) == 5
@@ -42,30 +52,64 @@ def test_cli_greedy_equals_library_and_speculation(capsys, tiny):
     lib = OfflineGenerator(runner).generate([[1, 5, 9, 200, 31]], 12)[0].output_ids
     assert base[0]["output_ids"] == lib
     assert base[0]["logprobs"] is None
-    spec = _json(capsys, "--prompt-ids", "1,5,9,200,31", "--max-tokens", "12", "--ignore-eos",
-                 "--speculative-tokens", "3")
-    rnd = _json(capsys, "--prompt-ids", "1,5,9,200,31", "--max-tokens", "12", "--ignore-eos",
-                "--speculative-tokens", "2", "--draft-model", "random")
+    spec = _json(
+        capsys,
+        "--prompt-ids",
+        "1,5,9,200,31",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--speculative-tokens",
+        "3",
+    )
+    rnd = _json(
+        capsys,
+        "--prompt-ids",
+        "1,5,9,200,31",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--speculative-tokens",
+        "2",
+        "--draft-model",
+        "random",
+    )
     assert spec[0]["output_ids"] == rnd[0]["output_ids"] == lib
 
 
 def test_seeded_sampling_is_reproducible(capsys):
-    args = ("--prompt", "abc", "--max-tokens", "8", "--temperature", "0.8", "--top-k", "20",
-            "--seed", "7", "--ignore-eos")
+    args = (
+        "--prompt",
+        "abc",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--seed",
+        "7",
+        "--ignore-eos",
+    )
     assert _json(capsys, *args) == _json(capsys, *args)
 
 
-@pytest.mark.parametrize("args,flag", [
-    ([], "--prompt"),
-    (["--prompt-ids", "1,x"], "--prompt-ids"),
-    (["--prompt-ids", "1,999"], "--prompt-ids"),
-    (["--prompt", "a", "--temperature", "-1"], "--temperature"),
-    (["--prompt", "a", "--top-p", "0"], "--top-p"),
-    (["--prompt", "a", "--max-tokens", "0"], "--max-tokens"),
-    (["--prompt", "a", "--model", "no-such-model"], "--model"),
-    (["--prompt", "a", "--speculative-tokens", "2", "--draft-model", "/nonexistent"],
-     "--draft-model"),
-])
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        ([], "--prompt"),
+        (["--prompt-ids", "1,x"], "--prompt-ids"),
+        (["--prompt-ids", "1,999"], "--prompt-ids"),
+        (["--prompt", "a", "--temperature", "-1"], "--temperature"),
+        (["--prompt", "a", "--top-p", "0"], "--top-p"),
+        (["--prompt", "a", "--max-tokens", "0"], "--max-tokens"),
+        (["--prompt", "a", "--model", "no-such-model"], "--model"),
+        (
+            ["--prompt", "a", "--speculative-tokens", "2", "--draft-model", "/nonexistent"],
+            "--draft-model",
+        ),
+    ],
+)
 def test_errors_name_the_flag(capsys, args, flag):
     assert main(["generate", *args]) == 2
     err = capsys.readouterr().err
@@ -76,15 +120,22 @@ def test_directory_model_without_tokenizer(capsys, tiny, tmp_path):
     path = save_hf_dir(tiny.model, tmp_path / "tiny")
     assert main(["generate", "--model", str(path), "--prompt", "hi"]) == 2
     assert "--prompt-ids" in capsys.readouterr().err
-    assert main(["generate", "--model", str(path), "--prompt-ids", "1,2", "--speculative-tokens",
-                 "1"]) == 2
+    assert (
+        main(["generate", "--model", str(path), "--prompt-ids", "1,2", "--speculative-tokens", "1"])
+        == 2
+    )
     assert "--draft-model" in capsys.readouterr().err
-    rows = _json(capsys, "--model", str(path), "--prompt-ids", "1,5,9", "--max-tokens", "3",
-                 "--ignore-eos")
+    rows = _json(
+        capsys, "--model", str(path), "--prompt-ids", "1,5,9", "--max-tokens", "3", "--ignore-eos"
+    )
     assert rows[0]["text"] is None and len(rows[0]["output_ids"]) == 3
 
 
 def test_entry_point_and_parser_errors():
-    done = subprocess.run([sys.executable, "-m", "relaykv", "generate", "--max-tokens", "x"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "relaykv", "generate", "--max-tokens", "x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2 and "--max-tokens" in done.stderr

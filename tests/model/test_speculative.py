@@ -194,3 +194,23 @@ def test_seeded_sampling_ignores_batch_composition(tiny):
         .output_ids
     )
     assert chunked == alone
+
+
+def test_propose_false_writes_committed_draft_kv_without_lookahead(tiny, tiny_draft):
+    """A prefill engine handing over: same committed draft KV, no proposals, no lookahead."""
+    prompt = PROMPTS[2]  # 70 tokens: blocks 0..4 (positions < 80) hold it
+    pages, outs = [], []
+    for propose in (True, False):
+        runner = ModelRunner(tiny.model, num_blocks=64, draft=tiny_draft, num_speculative_tokens=3)
+        maker = TableMaker(runner)
+        tables = maker.fresh(len(prompt) + (3 if propose else 0))
+        out = runner.execute(
+            StepBatch([SequenceWork("r", prompt, 0, tables, sample=True, propose=propose)])
+        ).sequences[0]
+        outs.append(out)
+        g = runner.layout.draft_slot.group
+        full = len(prompt) // 16
+        pages.append(runner.kv.read_pages(g, tables[g][:full]))
+    assert outs[0].token_ids == outs[1].token_ids
+    assert len(outs[0].draft_token_ids) == 3 and outs[1].draft_token_ids == []
+    torch.testing.assert_close(pages[0], pages[1], atol=1e-6, rtol=0)

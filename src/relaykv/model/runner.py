@@ -204,7 +204,7 @@ class ModelRunner:
         )
         out_hidden = draft(self.model.embed(self._long(tokens)), hidden[self._long(rows)], ctx)
 
-        samplers = [i for i, work in enumerate(seqs) if work.sample]
+        samplers = [i for i, work in enumerate(seqs) if work.sample and work.propose]
         if not samplers:
             return
         last_rows = [runs[i][1] + runs[i][2] - 1 for i in samplers]
