@@ -198,7 +198,7 @@ def test_seeded_sampling_ignores_batch_composition(tiny):
 
 def test_propose_false_writes_committed_draft_kv_without_lookahead(tiny, tiny_draft):
     """A prefill engine handing over: same committed draft KV, no proposals, no lookahead."""
-    prompt = PROMPTS[2]  # 70 tokens: blocks 0..4 (positions < 80) hold it
+    prompt = random_tokens(64, 259, seed=64)  # exactly 4 blocks: no room past the prompt
     pages, outs = [], []
     for propose in (True, False):
         runner = ModelRunner(tiny.model, num_blocks=64, draft=tiny_draft, num_speculative_tokens=3)
