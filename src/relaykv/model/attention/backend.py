@@ -89,8 +89,7 @@ class TorchPagedAttention(AttentionBackend):
                 enable_gqa=True,
             )
             out[chunk.row_start : chunk.row_end] = result[0].transpose(0, 1)
-        batched = plan.batched
-        if batched is not None:
+        for batched in plan.batched:
             n, nb = batched.block_ids.shape
             keys = k_pages[batched.block_ids.flatten()].view(n, nb * b, *k_pages.shape[2:])
             values = v_pages[batched.block_ids.flatten()].view(n, nb * b, *v_pages.shape[2:])

@@ -8,7 +8,9 @@ holds three things, all as tensors so a CUDA backend can use them unchanged:
   sub-blocks of at most `query_block` tokens; a sliding sub-block reads only the pages its
   window touches (the "chunked for sliding windows" path), a full one reads `[0, end)`;
 * `batched`: the short query runs (decode tokens, speculative verification windows)
-  padded into one `[S, Qmax]` batch with one `[S, NB]` page table and one mask.
+  padded into `[S, Qmax]` batches, each with one `[S, NB]` page table and one mask; runs
+  are bucketed by length (1, 2, 3-4, 5-8, ...) so a decode token is never padded to the
+  length of a 30-token chunk.
 
 Rules enforced here (KVCACHE.md §1, §4): block id 0 is the null block and is never
 written; every page a query reads inside its window must be a real block (non-null), and
@@ -70,7 +72,7 @@ class GroupPlan:
     slot_blocks: torch.Tensor  # [T] block id of each token's KV
     slot_offsets: torch.Tensor  # [T] offset inside that block
     chunks: list[ChunkPlan]
-    batched: BatchedPlan | None
+    batched: list[BatchedPlan]
 
 
 def _checked_blocks(run: QueryRun, first: int, last: int, what: str) -> list[int]:
@@ -146,7 +148,10 @@ def build_group_plan(
                     mask=_visible(qpos, kpos, window).to(device),
                 )
             )
-    batched = _batched_plan(short, b, window, device) if short else None
+    buckets: dict[int, list[QueryRun]] = {}
+    for run in short:
+        buckets.setdefault((run.num_tokens - 1).bit_length(), []).append(run)
+    batched = [_batched_plan(group, b, window, device) for _, group in sorted(buckets.items())]
     return GroupPlan(
         block_size=b,
         window=window,
