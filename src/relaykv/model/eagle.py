@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from relaykv.model.config import ModelConfig, from_hf_dict, to_hf_dict
-from relaykv.model.kv_layout import DraftAttention, KVSlot
+from relaykv.model.kv_layout import DRAFT_LAYER, DraftAttention
 from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
 from relaykv.model.loading.export import layer_state
 from relaykv.model.loading.weight_map import load_layer
@@ -51,15 +51,14 @@ class EagleDraft(nn.Module):
         self.window = config.window_of(0)
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
-        self.layer = DecoderLayer(config, DRAFT_ROPE_KEY, self.window, input_norm=input_norm)
+        self.layer = DecoderLayer(
+            config, DRAFT_ROPE_KEY, self.window, layer_key=DRAFT_LAYER, input_norm=input_norm
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps, config.norm_offset) if final_norm else None
         self.rotaries: dict[str, RotaryEmbedding] = {}
 
     def attention_shape(self) -> DraftAttention:
         return DraftAttention(self.config.num_kv_heads, self.config.head_dim, self.window)
-
-    def bind_kv(self, slot: KVSlot | None) -> None:
-        self.layer.self_attn.slot = slot
 
     def build_rotaries(self) -> dict[str, RotaryEmbedding]:
         spec = self.config.rope[self.config.layer_types[0]]

@@ -80,11 +80,15 @@ class TorchPagedAttention(AttentionBackend):
             keys = k_pages[chunk.block_ids].flatten(0, 1).transpose(0, 1).unsqueeze(0)
             values = v_pages[chunk.block_ids].flatten(0, 1).transpose(0, 1).unsqueeze(0)
             query = q[chunk.row_start : chunk.row_end].transpose(0, 1).unsqueeze(0)
+            if chunk.mask is None:  # queries 0..m-1 over keys 0..m-1: plain causal
+                m = chunk.row_end - chunk.row_start
+                keys, values = keys[:, :, :m], values[:, :, :m]
             result = F.scaled_dot_product_attention(
                 query,
                 keys.to(q.dtype),
                 values.to(q.dtype),
                 attn_mask=chunk.mask,
+                is_causal=chunk.mask is None,
                 scale=scale,
                 enable_gqa=True,
             )

@@ -46,7 +46,10 @@ class ChunkPlan:
     row_start: int
     row_end: int
     block_ids: torch.Tensor  # [nb] pages read, in order
-    mask: torch.Tensor  # [m, nb * block_size] bool, True = attend
+    # [m, nb * block_size] bool, True = attend; None: plain causal attention over the
+    # first `m` keys (queries start at position 0 and no window cuts in), which lets SDPA
+    # use its causal kernel and skip the masked half.
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -110,6 +113,7 @@ def build_group_plan(
     device: torch.device | str = "cpu",
     batch_threshold: int = 32,
     query_block: int = 512,
+    causal_block: int = 8192,
 ) -> GroupPlan:
     """Plan one group's writes and reads for one pass (see module docstring)."""
     b = block_size
@@ -133,21 +137,29 @@ def build_group_plan(
         if m <= batch_threshold:
             short.append(run)
             continue
-        for qs in range(s, s + m, query_block):
-            qe = min(s + m, qs + query_block)
+        qs = s
+        while qs < s + m:
+            causal = qs == 0
+            # from position 0 a causal block needs no mask, so it need not be split
+            qe = min(s + m, qs + (causal_block if causal else query_block))
+            if causal and window is not None and window < qe:
+                qe = min(s + m, qs + query_block)
+                causal = window >= qe
             first = _key_start(qs, window) // b
             last = cdiv(qe, b)
             blocks = _checked_blocks(run, first, last, "attention")
-            qpos = torch.arange(qs, qe)
-            kpos = torch.arange(first * b, last * b)
+            mask = None
+            if not causal:
+                mask = _visible(torch.arange(qs, qe), torch.arange(first * b, last * b), window)
             chunks.append(
                 ChunkPlan(
                     row_start=run.row_start + qs - s,
                     row_end=run.row_start + qe - s,
                     block_ids=torch.tensor(blocks, dtype=torch.long, device=device),
-                    mask=_visible(qpos, kpos, window).to(device),
+                    mask=None if mask is None else mask.to(device),
                 )
             )
+            qs = qe
     buckets: dict[int, list[QueryRun]] = {}
     for run in short:
         buckets.setdefault((run.num_tokens - 1).bit_length(), []).append(run)
