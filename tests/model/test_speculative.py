@@ -194,3 +194,52 @@ def test_seeded_sampling_ignores_batch_composition(tiny):
         .output_ids
     )
     assert chunked == alone
+
+
+def test_propose_false_writes_committed_draft_kv_without_lookahead(tiny, tiny_draft):
+    """A prefill engine handing over: same committed draft KV, no proposals, no lookahead."""
+    prompt = random_tokens(64, 259, seed=64)  # exactly 4 blocks: no room past the prompt
+    pages, outs = [], []
+    for propose in (True, False):
+        runner = ModelRunner(tiny.model, num_blocks=64, draft=tiny_draft, num_speculative_tokens=3)
+        maker = TableMaker(runner)
+        tables = maker.fresh(len(prompt) + (3 if propose else 0))
+        out = runner.execute(
+            StepBatch([SequenceWork("r", prompt, 0, tables, sample=True, propose=propose)])
+        ).sequences[0]
+        outs.append(out)
+        g = runner.layout.draft_slot.group
+        full = len(prompt) // 16
+        pages.append(runner.kv.read_pages(g, tables[g][:full]))
+    assert outs[0].token_ids == outs[1].token_ids
+    assert len(outs[0].draft_token_ids) == 3 and outs[1].draft_token_ids == []
+    torch.testing.assert_close(pages[0], pages[1], atol=1e-6, rtol=0)
+
+
+def test_one_model_serves_runners_with_different_layouts(tmp_path):
+    """A full draft on an all-sliding model adds a group in front of the target's."""
+    from relaykv.model import load_model
+    from relaykv.model.loading.export import save_hf_dir
+    from relaykv.model.presets import init_random_weights
+    from relaykv.model.transformer import empty_model
+
+    cfg = load_model().config.with_updates(
+        architecture="mistral",
+        layer_types=("sliding_attention",) * 2,
+        num_layers=2,
+        sliding_window=24,
+        qk_norm=False,
+    )
+    model = init_random_weights(empty_model(cfg), seed=1, residual_scale=0.3)
+    model = load_model(str(save_hf_dir(model, tmp_path / "m"))).model
+    plain = ModelRunner(model, num_blocks=64)
+    spec = ModelRunner(
+        model, num_blocks=64, draft=random_draft(cfg, seed=2), num_speculative_tokens=2
+    )
+    assert [g.kind for g in plain.geometry.groups] == ["sliding"]
+    assert [(g.kind, g.draft) for g in spec.geometry.groups] == [("full", True), ("sliding", False)]
+    prompt = random_tokens(60, 259, seed=5)
+    outs = []
+    for runner in (plain, spec, plain):  # interleaved use of the same model object
+        outs.append(OfflineGenerator(runner, chunk_tokens=25).generate([prompt], 10)[0].output_ids)
+    assert outs[0] == outs[1] == outs[2]

@@ -24,8 +24,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from relaykv.model.config import ModelConfig, from_hf_dict, to_hf_dict
-from relaykv.model.kv_layout import DraftAttention, KVSlot
+from relaykv.model.kv_layout import DRAFT_LAYER, DraftAttention
 from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
+from relaykv.model.loading.export import layer_state
 from relaykv.model.loading.weight_map import load_layer
 from relaykv.model.rope import RotaryEmbedding
 
@@ -50,15 +51,14 @@ class EagleDraft(nn.Module):
         self.window = config.window_of(0)
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
-        self.layer = DecoderLayer(config, DRAFT_ROPE_KEY, self.window, input_norm=input_norm)
+        self.layer = DecoderLayer(
+            config, DRAFT_ROPE_KEY, self.window, layer_key=DRAFT_LAYER, input_norm=input_norm
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps, config.norm_offset) if final_norm else None
         self.rotaries: dict[str, RotaryEmbedding] = {}
 
     def attention_shape(self) -> DraftAttention:
         return DraftAttention(self.config.num_kv_heads, self.config.head_dim, self.window)
-
-    def bind_kv(self, slot: KVSlot | None) -> None:
-        self.layer.self_attn.slot = slot
 
     def build_rotaries(self) -> dict[str, RotaryEmbedding]:
         spec = self.config.rope[self.config.layer_types[0]]
@@ -177,29 +177,9 @@ def save_eagle_checkpoint(draft: EagleDraft, path: str | Path) -> Path:
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(to_hf_dict(draft.config), indent=1))
-    layer = draft.layer
-    attn = layer.self_attn
-    d, h, kvh = attn.head_dim, attn.num_heads, attn.num_kv_heads
-    q, k, v = attn.qkv_proj.weight.split([h * d, kvh * d, kvh * d], 0)
-    gate, up = layer.mlp.gate_up_proj.weight.split(layer.mlp.intermediate, 0)
-    tensors = {
-        "fc.weight": draft.fc.weight,
-        "layers.0.self_attn.q_proj.weight": q,
-        "layers.0.self_attn.k_proj.weight": k,
-        "layers.0.self_attn.v_proj.weight": v,
-        "layers.0.self_attn.o_proj.weight": attn.o_proj.weight,
-        "layers.0.mlp.gate_proj.weight": gate,
-        "layers.0.mlp.up_proj.weight": up,
-        "layers.0.mlp.down_proj.weight": layer.mlp.down_proj.weight,
-        "layers.0.post_attention_layernorm.weight": layer.mlp_norm.weight,
-    }
+    tensors = {"fc.weight": draft.fc.weight, **layer_state(draft.layer, "layers.0.", False)}
     if draft.fc.bias is not None:
         tensors["fc.bias"] = draft.fc.bias
-    if attn.q_norm is not None and attn.k_norm is not None:
-        tensors["layers.0.self_attn.q_norm.weight"] = attn.q_norm.weight
-        tensors["layers.0.self_attn.k_norm.weight"] = attn.k_norm.weight
-    if layer.input_norm is not None:
-        tensors["layers.0.input_layernorm.weight"] = layer.input_norm.weight
     if draft.norm is not None:
         tensors["norm.weight"] = draft.norm.weight
     save_file(

@@ -7,12 +7,14 @@ sequences with no cache at all (used to distill the tiny draft with autograd).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
 from relaykv.model.attention.backend import AttentionBackend
 from relaykv.model.attention.plan import GroupPlan
-from relaykv.model.kv_layout import KVSlot
+from relaykv.model.kv_layout import KVSlot, LayerKey
 from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.rope import RotaryEmbedding
 
@@ -45,23 +47,24 @@ class PagedContext(_RotaryCache):
         plans: dict[int, GroupPlan],
         store: KVPageStore,
         backend: AttentionBackend,
+        slots: Mapping[LayerKey, KVSlot],
     ) -> None:
         super().__init__(rotaries, positions, dtype)
+        self.slots = slots
         self.plans = plans
         self.store = store
         self.backend = backend
 
     def attention(
         self,
-        slot: KVSlot | None,
+        layer_key: LayerKey,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         scale: float,
         window: int | None,
     ) -> torch.Tensor:
-        if slot is None:
-            raise RuntimeError("attention layer has no KV slot: bind the model to a KV layout")
+        slot = self.slots[layer_key]
         plan = self.plans[slot.group]
         if plan.window != window:
             raise RuntimeError(f"layer window {window} does not match its group's {plan.window}")
@@ -90,7 +93,7 @@ class DenseContext(_RotaryCache):
 
     def attention(
         self,
-        slot: KVSlot | None,
+        layer_key: LayerKey,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,

@@ -21,6 +21,10 @@ import torch
 from relaykv.kvcache.geometry import Geometry, GroupSpec
 from relaykv.model.config import ModelConfig
 
+# Target layer i is keyed by i, the EAGLE draft layer by "draft".
+LayerKey = int | str
+DRAFT_LAYER: LayerKey = "draft"
+
 
 @dataclass(frozen=True, slots=True)
 class KVSlot:
@@ -69,6 +73,13 @@ class KVLayout:
 
     def page_bytes(self, group: int) -> int:
         return self.geometry.groups[group].page_bytes
+
+    def slots(self) -> dict[LayerKey, KVSlot]:
+        """Layer key -> (group, index in group), for the forward contexts."""
+        out: dict[LayerKey, KVSlot] = dict(enumerate(self.layer_slots))
+        if self.draft_slot is not None:
+            out[DRAFT_LAYER] = self.draft_slot
+        return out
 
 
 def derive_layout(

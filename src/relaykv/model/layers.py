@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from relaykv.model.config import ModelConfig
-from relaykv.model.kv_layout import KVSlot
+from relaykv.model.kv_layout import LayerKey
 from relaykv.model.rope import apply_rotary
 
 
@@ -27,7 +27,7 @@ class AttentionContext(Protocol):
 
     def attention(
         self,
-        slot: KVSlot | None,
+        layer_key: LayerKey,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -56,7 +56,9 @@ class RMSNorm(nn.Module):
 class SelfAttention(nn.Module):
     """Fused QKV projection, optional per-head q/k norm, RoPE, paged attention, output."""
 
-    def __init__(self, config: ModelConfig, rope_key: str, window: int | None) -> None:
+    def __init__(
+        self, config: ModelConfig, rope_key: str, window: int | None, layer_key: LayerKey
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -64,7 +66,7 @@ class SelfAttention(nn.Module):
         self.scale = config.scaling
         self.rope_key = rope_key
         self.window = window
-        self.slot: KVSlot | None = None  # bound by the runner once the KV layout is known
+        self.layer_key: LayerKey = layer_key  # the context maps it to a (group, index) slot
         d = self.head_dim
         self.qkv_proj = nn.Linear(
             config.hidden_size,
@@ -93,7 +95,7 @@ class SelfAttention(nn.Module):
         cos, sin = ctx.rotary(self.rope_key)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        out = ctx.attention(self.slot, q, k, v, self.scale, self.window)
+        out = ctx.attention(self.layer_key, q, k, v, self.scale, self.window)
         return self.o_proj(out.reshape(t, self.num_heads * d))
 
 
@@ -121,12 +123,17 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, rope_key: str, window: int | None, input_norm: bool = True
+        self,
+        config: ModelConfig,
+        rope_key: str,
+        window: int | None,
+        layer_key: LayerKey,
+        input_norm: bool = True,
     ) -> None:
         super().__init__()
         eps, off = config.rms_norm_eps, config.norm_offset
         self.input_norm = RMSNorm(config.hidden_size, eps, off) if input_norm else None
-        self.self_attn = SelfAttention(config, rope_key, window)
+        self.self_attn = SelfAttention(config, rope_key, window, layer_key)
         self.mlp_norm = RMSNorm(config.hidden_size, eps, off)
         self.mlp = GatedMLP(config)
         self.attn_out_norm: RMSNorm | None = None

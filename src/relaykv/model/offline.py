@@ -72,6 +72,11 @@ class BlockFreeList:
     def num_free(self) -> int:
         return len(self._free)
 
+    def check_invariants(self, num_blocks: int) -> None:
+        """Free ids are distinct, real (never the null block 0) and in range."""
+        assert len(set(self._free)) == len(self._free), "a block is free twice"
+        assert all(0 < b < num_blocks for b in self._free), "free list holds an invalid id"
+
 
 def blocks_needed(
     prompt_lens: Sequence[int],

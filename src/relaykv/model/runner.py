@@ -68,12 +68,11 @@ class ModelRunner:
         shape = draft.attention_shape() if draft is not None else None
         self.layout: KVLayout = derive_layout(model.config, block_size, self.dtype, shape)
         self.kv = KVPageStore(self.layout, num_blocks, self.device)
-        model.bind_kv(self.layout)
+        self.slots = self.layout.slots()  # layer key -> page slot; the model stays unbound
         model.build_rotaries()
         if draft is not None:
             draft.check_target(model.config)
             draft.to(device=self.device, dtype=self.dtype).eval()
-            draft.bind_kv(self.layout.draft_slot)
             draft.build_rotaries()
         self.backend = backend or TorchPagedAttention()
         self.generators = GeneratorSource(self.device, seed)
@@ -167,6 +166,7 @@ class ModelRunner:
             self._plans(runs, groups),
             self.kv,
             self.backend,
+            self.slots,
         )
         return self.model(self._long(ids), ctx), starts
 
@@ -201,10 +201,11 @@ class ModelRunner:
             self._plans(runs, [group]),
             self.kv,
             self.backend,
+            self.slots,
         )
         out_hidden = draft(self.model.embed(self._long(tokens)), hidden[self._long(rows)], ctx)
 
-        samplers = [i for i, work in enumerate(seqs) if work.sample]
+        samplers = [i for i, work in enumerate(seqs) if work.sample and work.propose]
         if not samplers:
             return
         last_rows = [runs[i][1] + runs[i][2] - 1 for i in samplers]
@@ -223,6 +224,7 @@ class ModelRunner:
                 self._plans(step_runs, [group]),
                 self.kv,
                 self.backend,
+                self.slots,
             )
             h = draft(self.model.embed(proposal), h, ctx)
             proposal = self._draft_argmax(h)

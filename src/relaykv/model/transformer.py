@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from relaykv.model.config import ModelConfig
-from relaykv.model.kv_layout import KVLayout
 from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
 from relaykv.model.rope import RotaryEmbedding
 
@@ -34,7 +33,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, config.layer_types[i], config.window_of(i))
+            DecoderLayer(config, config.layer_types[i], config.window_of(i), layer_key=i)
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
@@ -44,11 +43,6 @@ class CausalLM(nn.Module):
         self.rotaries: dict[str, RotaryEmbedding] = {}
 
     # -- setup ------------------------------------------------------------------------
-    def bind_kv(self, layout: KVLayout) -> None:
-        """Give every attention layer its (group, index) slot in the page store."""
-        for layer, slot in zip(self.layers, layout.layer_slots, strict=True):
-            layer.self_attn.slot = slot
-
     def build_rotaries(self) -> dict[str, RotaryEmbedding]:
         device = self.embed_tokens.weight.device
         self.rotaries = {

@@ -80,17 +80,20 @@ class TorchPagedAttention(AttentionBackend):
             keys = k_pages[chunk.block_ids].flatten(0, 1).transpose(0, 1).unsqueeze(0)
             values = v_pages[chunk.block_ids].flatten(0, 1).transpose(0, 1).unsqueeze(0)
             query = q[chunk.row_start : chunk.row_end].transpose(0, 1).unsqueeze(0)
+            if chunk.mask is None:  # queries 0..m-1 over keys 0..m-1: plain causal
+                m = chunk.row_end - chunk.row_start
+                keys, values = keys[:, :, :m], values[:, :, :m]
             result = F.scaled_dot_product_attention(
                 query,
                 keys.to(q.dtype),
                 values.to(q.dtype),
                 attn_mask=chunk.mask,
+                is_causal=chunk.mask is None,
                 scale=scale,
                 enable_gqa=True,
             )
             out[chunk.row_start : chunk.row_end] = result[0].transpose(0, 1)
-        batched = plan.batched
-        if batched is not None:
+        for batched in plan.batched:
             n, nb = batched.block_ids.shape
             keys = k_pages[batched.block_ids.flatten()].view(n, nb * b, *k_pages.shape[2:])
             values = v_pages[batched.block_ids.flatten()].view(n, nb * b, *v_pages.shape[2:])
@@ -104,5 +107,9 @@ class TorchPagedAttention(AttentionBackend):
                 enable_gqa=True,
             )
             result = result.transpose(1, 2)  # [S, Qmax, heads, d]
-            out[batched.rows[batched.valid]] = result[batched.valid]
+            if batched.contiguous:
+                first = batched.first_row
+                out[first : first + batched.valid_rows.numel()] = result.flatten(0, 1)
+            else:
+                out[batched.valid_rows] = result[batched.valid]
         return out

@@ -8,7 +8,9 @@ holds three things, all as tensors so a CUDA backend can use them unchanged:
   sub-blocks of at most `query_block` tokens; a sliding sub-block reads only the pages its
   window touches (the "chunked for sliding windows" path), a full one reads `[0, end)`;
 * `batched`: the short query runs (decode tokens, speculative verification windows)
-  padded into one `[S, Qmax]` batch with one `[S, NB]` page table and one mask.
+  padded into `[S, Qmax]` batches, each with one `[S, NB]` page table and one mask; runs
+  are bucketed by length (1, 2, 3-4, 5-8, ...) so a decode token is never padded to the
+  length of a 30-token chunk.
 
 Rules enforced here (KVCACHE.md §1, §4): block id 0 is the null block and is never
 written; every page a query reads inside its window must be a real block (non-null), and
@@ -44,7 +46,10 @@ class ChunkPlan:
     row_start: int
     row_end: int
     block_ids: torch.Tensor  # [nb] pages read, in order
-    mask: torch.Tensor  # [m, nb * block_size] bool, True = attend
+    # [m, nb * block_size] bool, True = attend; None: plain causal attention over the
+    # first `m` keys (queries start at position 0 and no window cuts in), which lets SDPA
+    # use its causal kernel and skip the masked half.
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -53,6 +58,9 @@ class BatchedPlan:
 
     rows: torch.Tensor  # [S, Qmax] row index per query slot (padding repeats a real row)
     valid: torch.Tensor  # [S, Qmax] bool, False on padding
+    valid_rows: torch.Tensor  # rows[valid]: where each real query's output goes
+    contiguous: bool  # no padding and rows are consecutive: outputs need no scatter
+    first_row: int  # the first row when contiguous
     block_ids: torch.Tensor  # [S, NB] (padding pages are the null block, masked out)
     mask: torch.Tensor  # [S, 1, Qmax, NB * block_size] bool
 
@@ -67,7 +75,7 @@ class GroupPlan:
     slot_blocks: torch.Tensor  # [T] block id of each token's KV
     slot_offsets: torch.Tensor  # [T] offset inside that block
     chunks: list[ChunkPlan]
-    batched: BatchedPlan | None
+    batched: list[BatchedPlan]
 
 
 def _checked_blocks(run: QueryRun, first: int, last: int, what: str) -> list[int]:
@@ -105,6 +113,7 @@ def build_group_plan(
     device: torch.device | str = "cpu",
     batch_threshold: int = 32,
     query_block: int = 512,
+    causal_block: int = 8192,
 ) -> GroupPlan:
     """Plan one group's writes and reads for one pass (see module docstring)."""
     b = block_size
@@ -128,22 +137,33 @@ def build_group_plan(
         if m <= batch_threshold:
             short.append(run)
             continue
-        for qs in range(s, s + m, query_block):
-            qe = min(s + m, qs + query_block)
+        qs = s
+        while qs < s + m:
+            causal = qs == 0
+            # from position 0 a causal block needs no mask, so it need not be split
+            qe = min(s + m, qs + (causal_block if causal else query_block))
+            if causal and window is not None and window < qe:
+                qe = min(s + m, qs + query_block)
+                causal = window >= qe
             first = _key_start(qs, window) // b
             last = cdiv(qe, b)
             blocks = _checked_blocks(run, first, last, "attention")
-            qpos = torch.arange(qs, qe)
-            kpos = torch.arange(first * b, last * b)
+            mask = None
+            if not causal:
+                mask = _visible(torch.arange(qs, qe), torch.arange(first * b, last * b), window)
             chunks.append(
                 ChunkPlan(
                     row_start=run.row_start + qs - s,
                     row_end=run.row_start + qe - s,
                     block_ids=torch.tensor(blocks, dtype=torch.long, device=device),
-                    mask=_visible(qpos, kpos, window).to(device),
+                    mask=None if mask is None else mask.to(device),
                 )
             )
-    batched = _batched_plan(short, b, window, device) if short else None
+            qs = qe
+    buckets: dict[int, list[QueryRun]] = {}
+    for run in short:
+        buckets.setdefault((run.num_tokens - 1).bit_length(), []).append(run)
+    batched = [_batched_plan(group, b, window, device) for _, group in sorted(buckets.items())]
     return GroupPlan(
         block_size=b,
         window=window,
@@ -158,30 +178,37 @@ def build_group_plan(
 def _batched_plan(
     runs: Sequence[QueryRun], b: int, window: int | None, device: torch.device | str
 ) -> BatchedPlan:
+    # Built from Python lists with one tensor per field: this runs every step.
     q_max = max(r.num_tokens for r in runs)
     firsts = [_key_start(r.start_position, window) // b for r in runs]
     lasts = [cdiv(r.start_position + r.num_tokens, b) for r in runs]
     nb_max = max(last - first for first, last in zip(firsts, lasts, strict=True))
-    n = len(runs)
-    block_ids = torch.zeros((n, nb_max), dtype=torch.long)
-    rows = torch.zeros((n, q_max), dtype=torch.long)
-    valid = torch.zeros((n, q_max), dtype=torch.bool)
-    qpos = torch.zeros((n, q_max), dtype=torch.long)
-    kpos = torch.full((n, nb_max * b), -1, dtype=torch.long)
-    for i, (run, first, last) in enumerate(zip(runs, firsts, lasts, strict=True)):
+    block_rows, row_rows, q_starts, counts = [], [], [], []
+    for run, first, last in zip(runs, firsts, lasts, strict=True):
         blocks = _checked_blocks(run, first, last, "attention")
-        block_ids[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        block_rows.append(blocks + [0] * (nb_max - len(blocks)))
         m = run.num_tokens
-        rows[i, :m] = torch.arange(run.row_start, run.row_start + m)
-        rows[i, m:] = run.row_start + m - 1
-        valid[i, :m] = True
-        qpos[i, :m] = torch.arange(run.start_position, run.start_position + m)
-        qpos[i, m:] = run.start_position + m - 1  # padding queries copy the last real one
-        kpos[i, : len(blocks) * b] = torch.arange(first * b, last * b)
-    mask = _visible(qpos, kpos, window) & (kpos >= 0).unsqueeze(1)
+        # padding query slots repeat the run's last row (and position): never fully masked
+        row_rows.append([run.row_start + min(j, m - 1) for j in range(q_max)])
+        q_starts.append(run.start_position)
+        counts.append(m)
+    j = torch.arange(q_max)
+    count = torch.tensor(counts)
+    valid = j[None, :] < count[:, None]
+    qpos = torch.tensor(q_starts)[:, None] + torch.minimum(j[None, :], count[:, None] - 1)
+    kpos = torch.tensor(firsts)[:, None] * b + torch.arange(nb_max * b)[None, :]
+    real = kpos < torch.tensor(lasts)[:, None] * b
+    mask = _visible(qpos, kpos, window) & real.unsqueeze(1)
+    rows = torch.tensor(row_rows)
+    uniform = bool(valid.all()) and torch.equal(
+        rows.flatten(), torch.arange(rows.numel()) + int(rows[0, 0])
+    )
     return BatchedPlan(
         rows=rows.to(device),
         valid=valid.to(device),
-        block_ids=block_ids.to(device),
+        valid_rows=rows[valid].to(device),
+        contiguous=uniform,
+        first_row=int(rows[0, 0]),
+        block_ids=torch.tensor(block_rows, dtype=torch.long).to(device),
         mask=mask.unsqueeze(1).to(device),
     )

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from relaykv.model.config import ModelConfig, RopeSpec
+from relaykv.model.loading.gguf_header import GGUFHeader
 
 SUPPORTED = ("llama", "qwen3", "gemma3")
 
@@ -37,16 +38,6 @@ _LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-
-
-def read_metadata(reader: Any) -> dict[str, Any]:
-    """All key/value fields as Python values (token lists included)."""
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
 
 
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
@@ -102,6 +93,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelC
                 for i in range(layers)
             ]
         scalar = hidden // heads if layers == 62 else head_dim
+        scale = get("attention.scale")
         local = RopeSpec(theta=float(get("rope.freq_base_swa", 10000.0)))
         return ModelConfig(
             architecture="gemma3",
@@ -113,7 +105,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelC
             norm_offset=1.0,
             embed_scale=hidden**0.5,
             sandwich_norm=True,
-            attn_scale=scalar**-0.5,
+            attn_scale=float(scale) if scale else scalar**-0.5,
             **common,
         )
     rope = {"full_attention": full_rope, "sliding_attention": full_rope}
@@ -156,17 +148,16 @@ def read_gguf(
     path: str | Path, progress: bool = True
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """(config, float32 tensors in HF names, metadata) of a GGUF file."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(path))
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
+    header = GGUFHeader(path)
+    meta = header.metadata
+    names = {t.name for t in header.tensors}
     config = config_from_metadata(meta, names)
     arch = config.architecture
     tensors: dict[str, torch.Tensor] = {}
     for t in tqdm(
-        reader.tensors,
+        header.tensors,
         desc=f"dequantizing {Path(path).name}",
         disable=None if progress else True,
         leave=False,
@@ -174,7 +165,7 @@ def read_gguf(
         hf = _hf_name(t.name, arch)
         if hf is None:
             raise ValueError(f"{path}: unexpected GGUF tensor {t.name!r}")
-        values = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        values = np.asarray(dequantize(header.raw(t), t.ggml_type), dtype=np.float32)
         if arch == "llama" and t.name.endswith("attn_q.weight"):
             values = _unpermute(values, config.num_heads)
         elif arch == "llama" and t.name.endswith("attn_k.weight"):
