@@ -1,7 +1,8 @@
-"""Records exchanged between a scheduler and the model runner (one step in, one step out).
+"""Records exchanged between a scheduler and an executor (one step in, one step out).
 
-Pure Python on purpose (no torch import): the engine's `Executor` protocol and the
-simulator can reuse these records without loading the model layer.
+A leaf module at the package root, pure Python, importing nothing of relaykv: the engine
+(`relaykv.engine.executor`), the model runner and the simulator all speak these records, so
+the engine reaches the model only through the `Executor` protocol (ARCHITECTURE.md layering).
 
 KV positions the runner writes for one `SequenceWork` with `n = len(token_ids)`,
 `d = len(draft_token_ids)`, `s = start_position`, `k` = the runner's speculative tokens
@@ -15,7 +16,9 @@ KV positions the runner writes for one `SequenceWork` with `n = len(token_ids)`,
   - a prefill chunk that does not sample: `[s, s + n)`; the draft KV at `s + n - 1`
     needs the next prompt token, so `next_token_id` is required;
   - a sampling entry: committed `[s, s + n + a)` (the last one uses the token sampled in
-    this step), then speculative `[s + n + a, s + n + a + k - 1)` while proposing.
+    this step), then speculative `[s + n + a, s + n + a + k - 1)` while proposing
+    (`propose=False` skips the proposals and these speculative positions: a prefill
+    engine that hands the request over needs the committed draft KV only).
   So every group's block table must have real blocks for positions
   `[s, s + n + d + k - 1)` (the engine's lookahead slots; `k` of them is always enough),
   and the committed length after the step is `s + n + a`.
@@ -68,7 +71,9 @@ class SequenceWork:
     * `sample`: sample after the last token (the last prompt chunk, or a decode step);
     * `draft_token_ids`: proposals to verify (they follow `token_ids`; `sample` required);
     * `next_token_id`: the prompt token after this chunk, for a non-final chunk when the
-      runner has a draft (the draft KV of the chunk's last position needs it).
+      runner has a draft (the draft KV of the chunk's last position needs it);
+    * `propose`: with a draft, return `k` proposals for the next step (False: write the
+      committed draft KV only, e.g. on a prefill engine that hands the request over).
     """
 
     request_id: str
@@ -79,6 +84,7 @@ class SequenceWork:
     sampling: SamplingParams = GREEDY
     draft_token_ids: Sequence[int] = ()
     next_token_id: int | None = None
+    propose: bool = True
 
 
 @dataclass(slots=True)

@@ -167,6 +167,8 @@ class Scheduler:
             sampling=req.params.for_step(),
             draft_token_ids=list(drafts),
             next_token_id=next_token,
+            # A prefill engine hands the request over after one token: no proposals.
+            propose=not req.is_prefill_only,
         )
 
     def _drafts_for(self, req: Request, n: int, budget: int) -> list[int]:
@@ -181,7 +183,9 @@ class Scheduler:
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Slots the runner may write past the scheduled tokens (its draft proposals)."""
-        return self.k if req.num_computed_tokens + n == req.num_tokens else 0
+        if req.is_prefill_only or req.num_computed_tokens + n != req.num_tokens:
+            return 0
+        return self.k
 
     def _schedule_running(self, req: Request, budget: int) -> ScheduledSequence | None:
         n = min(req.num_tokens - req.num_computed_tokens, budget)

@@ -5,16 +5,6 @@ May import torch and `relaykv.kvcache` geometry only (ARCHITECTURE.md).
 
 from __future__ import annotations
 
-from relaykv.model.batch import (
-    GREEDY,
-    SamplingParams,
-    SequenceOutput,
-    SequenceWork,
-    SpeculativeStats,
-    StepBatch,
-    StepOutput,
-    TokenLogprobs,
-)
 from relaykv.model.config import ModelConfig, from_hf_dict, to_hf_dict
 from relaykv.model.eagle import (
     EagleDraft,
@@ -27,6 +17,16 @@ from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.loading import LoadedModel, PackageNotInstalled, is_installed, load_model
 from relaykv.model.runner import ModelRunner
 from relaykv.model.transformer import CausalLM
+from relaykv.steps import (
+    GREEDY,
+    SamplingParams,
+    SequenceOutput,
+    SequenceWork,
+    SpeculativeStats,
+    StepBatch,
+    StepOutput,
+    TokenLogprobs,
+)
 
 __all__ = [
     "GREEDY",

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from relaykv.model.batch import GREEDY
 from relaykv.model.eagle import (
     EagleDraft,
     load_eagle_checkpoint,
@@ -26,6 +25,7 @@ from relaykv.model.eagle import (
 from relaykv.model.forward_context import DenseContext
 from relaykv.model.loading.packaged import cache_dir
 from relaykv.model.transformer import CausalLM
+from relaykv.steps import GREEDY
 
 DISTILL_VERSION = 1
 DATA_SEED = 7

@@ -154,11 +154,11 @@ def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
     from tqdm import tqdm
 
-    from relaykv.model.batch import SamplingParams
     from relaykv.model.kv_layout import derive_layout
     from relaykv.model.loading import PackageNotInstalled, load_model
     from relaykv.model.offline import OfflineGenerator, blocks_needed
     from relaykv.model.runner import ModelRunner
+    from relaykv.steps import SamplingParams
 
     try:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)

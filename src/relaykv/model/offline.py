@@ -4,7 +4,7 @@ Not the engine's scheduler (no prefix cache, no preemption, no window freeing): 
 request gets private blocks from a free list for its whole length, prompts are prefilled
 in chunks of at most `chunk_tokens` under a per-step token budget, and all running
 requests decode together. With a draft model it keeps the speculative bookkeeping the
-runner's contract asks of an engine (`relaykv.model.batch`): k lookahead slots, the next
+runner's contract asks of an engine (`relaykv.steps`): k lookahead slots, the next
 prompt token for non-final chunks, rollback to `start + n + accepted`.
 """
 
@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relaykv.kvcache.geometry import cdiv
-from relaykv.model.batch import (
+from relaykv.model.runner import ModelRunner
+from relaykv.steps import (
     GREEDY,
     SamplingParams,
     SequenceWork,
     StepBatch,
     TokenLogprobs,
 )
-from relaykv.model.runner import ModelRunner
 
 
 @dataclass(slots=True)
