@@ -12,6 +12,9 @@ the machine; it is cached in the relaykv cache directory as an EAGLE checkpoint.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -91,5 +94,12 @@ def tiny_hybrid_draft(dtype: torch.dtype = torch.float32, progress: bool = True)
     target = tiny_hybrid()
     path = cache_dir() / f"tiny-hybrid-draft-v{DISTILL_VERSION}"
     if not (path / "model.safetensors").is_file():
-        save_eagle_checkpoint(distill_draft(target, progress=progress), path)
+        # Engines of one cluster start together: each distills into its own directory and
+        # the first rename wins, so nobody ever reads a half-written checkpoint.
+        scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        save_eagle_checkpoint(distill_draft(target, progress=progress), scratch)
+        try:
+            os.rename(scratch, path)
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
     return load_eagle_checkpoint(path, target.config, dtype)
