@@ -13,6 +13,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("relaykv.demo", "the showcase: cache-probe, then legacy vs per-group on P/D clusters"),
     "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
     "bench": ("relaykv.bench.cli", "bench serve: load generator; bench ab: A/B/A runs"),
     "probe": ("relaykv.bench.probe_cli", "P/D prefix-cache probe: x+a, x+b; decode hit counters"),
