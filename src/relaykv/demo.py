@@ -29,7 +29,7 @@ class DemoScale:
     extra_flags: str
     prefix_len: int
     groups: tuple[str, ...]
-    cache_probe_len: int
+    geometry_flags: tuple[str, ...]  # the model's KV geometry, for cache-probe
 
 
 # Sized so the whole demo takes under 3 minutes (tiny-hybrid) or 15 (Gemma) on 2 cores.
@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) / time.strftime("%Y%m%d-%H%M%S")
     say(f"model {scale.model}; results in {out}")
 
-    say("1/2 what the cache predicts (relaykv cache-probe, gpt-oss-like geometry)")
-    relaykv(["cache-probe", "--preset", "gpt-oss-like", "--prompt-len", str(scale.cache_probe_len)])
+    say(f"1/2 what the cache predicts for {scale.model}'s geometry (relaykv cache-probe)")
+    probe_len = str(scale.prefix_len + 16)  # the probe's x+a below
+    relaykv(["cache-probe", *scale.geometry_flags, "--prompt-len", probe_len])
 
     say("2/2 A/B/A: legacy vs per-group on fresh local P/D clusters, probe first")
     up = f"{shlex.quote(sys.executable)} -m relaykv up --model {scale.model} {scale.extra_flags}"

@@ -194,3 +194,23 @@ def test_bad_transfer_params_are_rejected() -> None:
         assert not pair.d.manager.requests
     finally:
         pair.close()
+
+
+def test_queued_request_keeps_its_lease_alive() -> None:
+    """D is full (one running slot) for longer than P's lease: keep-alives keep P's blocks."""
+    pair = PDPair(GEO, "per-group", "tcp", lease_seconds=0.6)
+    pair.d.scheduler.config = type(pair.d.scheduler.config)(
+        max_num_batched_tokens=256, max_num_seqs=1, max_model_len=2048
+    )
+    try:
+        first, second = _tokens(60, 20), _tokens(70, 21)
+        pair.decode("busy", first, pair.prefill("busy", first), 1500)
+        pair.decode("queued", second, pair.prefill("queued", second), 4)
+        started = time.monotonic()
+        outs = pair.run(timeout_s=60)
+        assert time.monotonic() - started > 0.6  # the queued request outlived the lease
+        assert outs["queued"] == reference_generate(GEO, second, 4)
+        assert pair.p.manager.stats.lease_expiries == 0
+        assert pair.d.manager.stats.loads_failed == 0
+    finally:
+        pair.close()

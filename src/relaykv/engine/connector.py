@@ -36,6 +36,10 @@ class KVConnector(Protocol):
         """D side: tell the prefill engine this request will not read its blocks."""
         ...
 
+    def keep_alive(self, waiting: list[Request]) -> None:
+        """D side: these remote-prefill requests still wait for admission; keep P's blocks."""
+        ...
+
     def poll(self) -> list[tuple[KVLoad, bool]]:
         """Loads whose own transfer ended since the last call, with success; also applies
         releases of held prefill blocks that became due."""

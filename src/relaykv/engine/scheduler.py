@@ -274,6 +274,9 @@ class Scheduler:
     def settle_transfers(self) -> None:
         if self.connector is None:
             return
+        waiting = [r for r in self.waiting if r.is_remote_prefill and not r.admitted]
+        if waiting:
+            self.connector.keep_alive(waiting)
         for load, ok in self.connector.poll():
             for settled in self.manager.loads.finish(load, ok):
                 req = self.loading.get(settled.request.request_id)

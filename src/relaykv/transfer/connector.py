@@ -14,7 +14,10 @@ The transfer parameters P returns (and the router hands to D) are:
 
     {"do_remote_prefill": true, "remote_request_id": str, "remote_engine_id": str,
      "source": <KVSourceDescriptor as a dict>, "remote_num_tokens": N, "pd_policy": str,
-     "remote_block_ids": [[[block_index, block_id], ...] per group]}
+     "lease_seconds": float, "remote_block_ids": [[[block_index, block_id], ...] per group]}
+
+While such a request waits for admission on D (a busy decode engine), D sends P keep-alives
+every third of the lease, so P never frees pages D is about to read.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class PDConnector:
         # Failed loads whose destination a push transport may still be writing: their
         # blocks stay allocated (the load stays pending) until the quarantine ends.
         self._quarantine: list[tuple[float, KVLoad]] = []
+        self._kept_alive: dict[str, float] = {}  # D: request id -> last keep-alive sent
 
     # -- checks (the engine calls this while validating a request) ----------------------
     def validate(self, params: dict[str, Any]) -> None:
@@ -135,6 +139,7 @@ class PDConnector:
             "source": self.server.descriptor.to_dict(),
             "remote_num_tokens": request.num_prompt_tokens,
             "pd_policy": self.manager.pd_policy,
+            "lease_seconds": self.lease_seconds,
             "remote_block_ids": [[[k, b] for k, b in items] for items in held],
         }
 
@@ -172,6 +177,23 @@ class PDConnector:
         )
         self.metrics.releases_sent += 1
 
+    def keep_alive(self, waiting: list[Request]) -> None:
+        """D: renew the leases of remote-prefill requests still waiting for admission."""
+        assert self.client is not None
+        now = time.monotonic()
+        alive = {}
+        for request in waiting:
+            params = request.kv_transfer_params or {}
+            rid = request.request_id
+            last = self._kept_alive.get(rid, now)
+            alive[rid] = last
+            if now - last >= float(params.get("lease_seconds", 30.0)) / 3:
+                self.client.keep_alive(
+                    KVSourceDescriptor.from_dict(params["source"]), params["remote_request_id"]
+                )
+                alive[rid] = now
+        self._kept_alive = alive
+
     # -- both ---------------------------------------------------------------------------
     def poll(self) -> list[tuple[KVLoad, bool]]:
         if self.server is not None:
@@ -180,6 +202,8 @@ class PDConnector:
                     self.manager.stats.kv_bytes_sent += event.nbytes
                 if event.kind in ("read_ok", "read_failed", "released", "expired"):
                     self._release_held(event.request_id, expired=event.kind == "expired")
+                elif event.kind == "keepalive" and event.request_id in self._held:
+                    self.server.extend(event.request_id, time.monotonic() + self.lease_seconds)
         done: list[tuple[KVLoad, bool]] = []
         if self.client is None:
             return done

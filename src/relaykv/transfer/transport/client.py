@@ -101,7 +101,8 @@ class TransferClient:
         self._window = max(1, int(window))
         self._ctx = context or zmq.Context.instance()
         self._submit: queue.SimpleQueue[_ReadJob | None] = queue.SimpleQueue()
-        self._releases: queue.SimpleQueue[tuple[KVSourceDescriptor, str]] = queue.SimpleQueue()
+        # (source, request id, message): fire-and-forget notes to a serving endpoint.
+        self._notes: queue.SimpleQueue[tuple[KVSourceDescriptor, object]] = queue.SimpleQueue()
         self._waiting: deque[_ReadJob] = deque()  # no plane resources yet
         self._jobs: dict[str, _ReadJob] = {}
         self._peers: dict[str, _Peer] = {}
@@ -163,10 +164,18 @@ class TransferClient:
     def release_remote(self, source: KVSourceDescriptor, request_id: str) -> None:
         """Tell `source` this reader will never read `request_id` (P may free it). Fire and
         forget: a lost message only means P frees at lease expiry instead."""
+        self._note(source, wire.Release(request_id))
+
+    def keep_alive(self, source: KVSourceDescriptor, request_id: str) -> None:
+        """Ask `source` to extend the lease of `request_id`: this reader still means to read
+        it (the request waits for admission). Fire and forget, like `release_remote`."""
+        self._note(source, wire.KeepAlive(request_id))
+
+    def _note(self, source: KVSourceDescriptor, message: object) -> None:
         if self._closed:
             raise RuntimeError("transfer client is closed")
-        self._releases.put((source, request_id))
-        os.write(self._wake_w, b"r")
+        self._notes.put((source, message))
+        os.write(self._wake_w, b"n")
 
     def read(
         self,
@@ -244,10 +253,10 @@ class TransferClient:
             self._admit(job)
         while True:
             try:
-                source, request_id = self._releases.get_nowait()
+                source, message = self._notes.get_nowait()
             except queue.Empty:
                 break
-            self._send(self._peer(source), wire.Release(request_id))
+            self._send(self._peer(source), message)
         for peer in list(self._peers.values()):
             if peer.monitor in ready:
                 self._on_monitor(peer)

@@ -201,9 +201,10 @@ class TransferServer:
             if isinstance(msg, wire.Read):
                 self._on_read(identity, msg)
                 continue
-            if isinstance(msg, wire.Release):
+            if isinstance(msg, (wire.Release, wire.KeepAlive)):
                 if self.grants.allowed(msg.request_id):
-                    self._events.append(ServeEvent("released", msg.request_id))
+                    kind = "released" if isinstance(msg, wire.Release) else "keepalive"
+                    self._events.append(ServeEvent(kind, msg.request_id))
                 continue
             job = self._jobs.get((identity, msg.transfer_id))
             if job is None:

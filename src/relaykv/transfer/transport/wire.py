@@ -17,7 +17,8 @@ Conversation of one transfer (D's DEALER <-> P's ROUTER):
 
 Outside a transfer: D -> P Release(request_id) when D will never read a request's pages
 (it reused everything locally, or the request ended first), so P frees them before the
-lease runs out.
+lease runs out; D -> P KeepAlive(request_id) while a request still waits for admission on D,
+so P extends its lease instead of freeing pages D is about to read.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Release(msgspec.Struct, tag="release", frozen=True):
     request_id: str
 
 
+class KeepAlive(msgspec.Struct, tag="keepalive", frozen=True):
+    request_id: str
+
+
 class Refused(msgspec.Struct, tag="refused", frozen=True):
     transfer_id: str
     code: str
@@ -84,7 +89,7 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     reason: str
 
 
-ToServer = Read | Credit | Cancel | Ack | Release
+ToServer = Read | Credit | Cancel | Ack | Release | KeepAlive
 ToClient = Refused | Chunk | Done | Failed
 
 
