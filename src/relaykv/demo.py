@@ -42,7 +42,7 @@ QUICK = DemoScale(
 )
 REAL = DemoScale(
     "gemma3-270m",
-    "--num-blocks 1400 --max-model-len 4096",
+    "--num-blocks 2400 --max-model-len 4096",
     3072,
     ("c1/output1:4", "c8/output1:16", "c8/output128:16"),
     3072,
