@@ -38,14 +38,14 @@ QUICK = DemoScale(
     "--speculative-tokens 2 --num-blocks 2000 --max-model-len 6144",
     4096,
     ("c1/output1:4", "c8/output1:16", "c8/output32:16"),
-    4096,
+    ("--groups", "full:16,sliding:16:64", "--draft", "0"),  # tiny-hybrid with its EAGLE draft
 )
 REAL = DemoScale(
     "gemma3-270m",
     "--num-blocks 2400 --max-model-len 4096",
     3072,
     ("c1/output1:4", "c8/output1:16", "c8/output128:16"),
-    3072,
+    ("--preset", "gemma3-like"),  # Gemma-3-270M: full + sliding(W=512), no draft
 )
 
 
