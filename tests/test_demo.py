@@ -1,0 +1,40 @@
+"""`relaykv demo`: the README's first command runs the cache probe, then an A/B/A of legacy
+against per-group with the probe on each cluster (the runs themselves are tested in
+tests/bench with a stub cluster and in tests/serve with real ones)."""
+
+from __future__ import annotations
+
+import argparse
+
+import relaykv.demo as demo
+
+
+def test_demo_runs_cache_probe_then_legacy_vs_per_group(monkeypatch, tmp_path) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
+    args = argparse.Namespace(quick=True, output_dir=str(tmp_path))
+    assert demo.run(args) == 0
+    probe, ab = calls
+    assert probe[0] == "cache-probe" and "full:16,sliding:16:64" in probe
+    assert ab[:2] == ["bench", "ab"] and "--probe" in ab
+    assert "legacy=--pd-policy legacy" in ab and "per-group=--pd-policy per-group" in ab
+    groups = ab[ab.index("--groups") + 1 : ab.index("--prefix-len")]
+    assert [g.split(":")[0] for g in groups] == ["c1/output1", "c8/output1", "c8/output32"]
+    assert "tiny-hybrid" in ab[ab.index("--up-cmd") + 1]
+
+
+def test_demo_falls_back_to_tiny_hybrid_without_gemma(monkeypatch) -> None:
+    import relaykv.model
+
+    monkeypatch.setattr(relaykv.model, "is_installed", lambda name: False)
+    said: list[str] = []
+    assert demo.choose_scale(False, said.append) is demo.QUICK
+    assert "not installed" in said[0]
+    monkeypatch.setattr(relaykv.model, "is_installed", lambda name: name == "gemma3-270m")
+    assert demo.choose_scale(False, said.append) is demo.REAL
+    assert demo.choose_scale(True, said.append) is demo.QUICK
+
+
+def test_demo_reports_a_failed_run(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(demo, "relaykv", lambda argv: 3 if argv[0] == "bench" else 0)
+    assert demo.run(argparse.Namespace(quick=True, output_dir=str(tmp_path))) == 3
