@@ -27,7 +27,7 @@ import numpy as np
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane, check_rows
 
 INSTALL_HINT = (
     "apt-get install -y libibverbs1 && pip install mooncake-transfer-engine-non-cuda==0.3.13.post1"
@@ -136,11 +136,7 @@ class MooncakeSender(SenderPlane):
         return spec
 
     def check_destinations(self, sink: MooncakeSink, pages: Sequence[PageCopy]) -> None:
-        for page in pages:
-            if not 0 < page.dst < sink.num_blocks or page.nbytes > sink.block_bytes:
-                raise ValueError(
-                    f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
-                )
+        check_rows(sink.num_blocks, sink.block_bytes, pages)
 
     def send_chunk(
         self,

@@ -28,7 +28,7 @@ import numpy as np
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane, check_rows
 
 INSTALL_HINT = "pip install nixl-cu12==1.5.1 (after torch; see docs/transports.md)"
 
@@ -183,11 +183,7 @@ class NixlSender(SenderPlane):
         return spec
 
     def check_destinations(self, sink: NixlSink, pages: Sequence[PageCopy]) -> None:
-        for page in pages:
-            if not 0 < page.dst < sink.num_blocks or page.nbytes > sink.block_bytes:
-                raise ValueError(
-                    f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
-                )
+        check_rows(sink.num_blocks, sink.block_bytes, pages)
 
     def send_chunk(
         self,

@@ -64,6 +64,15 @@ class ReadyChunk(PendingChunk):
         return True
 
 
+def check_rows(num_blocks: int, block_bytes: int, pages: Sequence[PageCopy]) -> None:
+    """Every destination page must be a real row (not the null block) of D's buffer."""
+    for page in pages:
+        if not 0 < page.dst < num_blocks or page.nbytes > block_bytes:
+            raise ValueError(
+                f"destination block {page.dst} ({page.nbytes} B) is outside D's buffer"
+            )
+
+
 class SenderPlane(ABC):
     """P side of a transport (used from the server's thread only, after construction)."""
 
