@@ -32,7 +32,7 @@ class DemoScale:
     geometry_flags: tuple[str, ...]  # the model's KV geometry, for cache-probe
 
 
-# Sized so the whole demo takes under 3 minutes (tiny-hybrid) or 15 (Gemma) on 2 cores.
+# Sized so the demo takes about 1 minute (tiny-hybrid) or 8 (Gemma) on 2 cores.
 QUICK = DemoScale(
     "tiny-hybrid",
     "--speculative-tokens 2 --num-blocks 2000 --max-model-len 6144",
@@ -51,7 +51,7 @@ REAL = DemoScale(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--quick", action="store_true", help="the embedded tiny-hybrid model (about 3 minutes)"
+        "--quick", action="store_true", help="the embedded tiny-hybrid model (about a minute)"
     )
     parser.add_argument("--output-dir", default="results/demo")
 
