@@ -45,3 +45,4 @@ def drain(engine: LLMEngine) -> None:
     while engine.has_unfinished():
         engine.step()
         assert_consistent(engine.manager)
+        assert engine.scheduler.check() == []

@@ -53,3 +53,25 @@ async def test_invalid_request_raises_before_streaming() -> None:
             pass
     assert await _collect(engine, "ok", [1, 2, 3], 2) == reference_generate(HYBRID, [1, 2, 3], 2)
     await engine.shutdown(drain_timeout=1)
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving() -> None:
+    sync = make_engine()
+    real = sync.executor.execute
+    calls = {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real(batch)
+
+    sync.executor.execute = flaky
+    engine = AsyncEngine(sync)
+    await engine.start()
+    outs = [out async for out in engine.generate("a", prompt(20, 1), greedy(10))]
+    assert outs[-1].finished and outs[-1].finish_reason == "error" and "boom" in outs[-1].error
+    assert sync.manager.pool.num_free == sync.manager.pool.num_usable
+    assert await _collect(engine, "b", [1, 2, 3], 3) == reference_generate(HYBRID, [1, 2, 3], 3)
+    assert engine.dead is None
+    await engine.shutdown(drain_timeout=1)

@@ -108,8 +108,9 @@ class PDPair:
             if self.p.has_unfinished():
                 self.p.step()
                 busy = True
-            assert_consistent(self.p.manager)
-            assert_consistent(self.d.manager)
+            for eng in (self.p, self.d):
+                assert_consistent(eng.manager)
+                assert eng.scheduler.check() == []
             if not busy and not self.p.connector._held:
                 return outs
             time.sleep(0.0005)

@@ -23,6 +23,8 @@ from relaykv.engine.request import RequestOutput
 
 log = logging.getLogger(__name__)
 
+MAX_STEP_FAILURES = 3  # consecutive failed steps before the engine is declared dead
+
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
@@ -40,6 +42,7 @@ class AsyncEngine:
         self._stopping = False
         self.accepting = True
         self.dead: BaseException | None = None
+        self._failures = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,7 +125,7 @@ class AsyncEngine:
                 self._apply_commands()
                 if self.engine.has_unfinished():
                     steps = self.engine.metrics.num_steps
-                    outputs = self.engine.step()
+                    outputs = self._step()
                     for out in outputs:
                         self._post(out.request_id, out)
                     if not outputs and self.engine.metrics.num_steps == steps:
@@ -141,6 +144,21 @@ class AsyncEngine:
             log.exception("engine thread died")
             self.dead = exc
             self._fail_all(EngineDeadError(f"engine failed: {exc!r}"))
+
+    def _step(self) -> list[RequestOutput]:
+        """One engine step. If the step raises, the requests in flight fail with the error
+        (their blocks are freed) and the engine keeps serving; repeated failures in a row
+        mean the engine itself is broken, and the thread stops (every caller is told)."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._failures += 1
+            log.exception("engine step failed (%d in a row)", self._failures)
+            if self._failures >= MAX_STEP_FAILURES:
+                raise
+            return self.engine.fail_all(f"engine step failed: {exc!r}")
+        self._failures = 0
+        return outputs
 
     def _apply_commands(self) -> None:
         while True:

@@ -240,6 +240,17 @@ class LLMEngine:
         req.emitted_chars = end
         return out
 
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """End every unfinished request with `error` (after a failed step); frees blocks."""
+        sched = self.scheduler
+        for req in [*sched.running, *sched.waiting, *sched.loading.values()]:
+            sched.finish(req, FinishReason.ERROR, error)
+            sched.finished_now.append(req)
+        now = time.monotonic()
+        outputs = [self._output(req, [], now) for req in sched.finished_now]
+        sched.finished_now.clear()
+        return outputs
+
     # -- offline use -----------------------------------------------------------------
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

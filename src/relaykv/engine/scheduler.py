@@ -311,6 +311,29 @@ class Scheduler:
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
 
+    def check(self) -> list[str]:
+        """Violations of the scheduler's invariants (tests run this after every step)."""
+        problems = []
+        seen: dict[str, str] = {}
+        queues = (("waiting", list(self.waiting)), ("running", self.running),
+                  ("loading", list(self.loading.values())))
+        expected = {"waiting": RequestState.WAITING, "running": RequestState.RUNNING,
+                    "loading": RequestState.WAITING_FOR_REMOTE_KV}
+        for name, reqs in queues:
+            for req in reqs:
+                if req.request_id in seen:
+                    problems.append(f"{req.request_id} is in {seen[req.request_id]} and {name}")
+                seen[req.request_id] = name
+                if req.state is not expected[name]:
+                    problems.append(f"{req.request_id} in {name} has state {req.state.value}")
+                if req.cache is None or req.cache.request_id not in self.manager.requests:
+                    problems.append(f"{req.request_id} in {name} has no cache record")
+                elif name == "running" and req.num_computed_tokens > req.num_tokens:
+                    problems.append(f"{req.request_id} computed past its tokens")
+        if len(self.running) + len(self.loading) > self.config.max_num_seqs:
+            problems.append("more requests admitted than max_num_seqs")
+        return problems
+
     # -- after a step ------------------------------------------------------------------
     def update(
         self, scheduled: list[ScheduledSequence], outputs: list
