@@ -124,7 +124,7 @@ def checkpoint(request, tmp_path_factory):
 
 def _ours(path, prompt: list[int], block_size: int = 8) -> torch.Tensor:
     loaded = load_model(str(path))
-    runner = ModelRunner(loaded.model, num_blocks=200, block_size=block_size)
+    runner = ModelRunner(loaded.model, num_blocks=400, block_size=block_size)
     tables = TableMaker(runner).fresh(len(prompt))
     rows = []
     for a, b in CHUNKS:
@@ -180,6 +180,6 @@ def test_greedy_generation_matches_transformers_generate(checkpoint):
             pad_token_id=0,
             eos_token_id=None,
         )[0, len(prompt) :].tolist()
-    runner = ModelRunner(load_model(str(path)).model, num_blocks=32, block_size=8)
+    runner = ModelRunner(load_model(str(path)).model, num_blocks=64, block_size=8)
     out = OfflineGenerator(runner, chunk_tokens=7).generate([prompt], 12)
     assert out[0].output_ids == ref

@@ -24,13 +24,18 @@ GEMMA = from_hf_dict(
 
 
 def test_gemma3_270m_shape():
-    geo = geometry_from_config(GEMMA, block_size=16)
-    full, sliding = geo.groups
+    layout = derive_layout(GEMMA, block_size=16)
+    geo = layout.geometry
+    full, *sliding = geo.groups
     assert (full.kind, full.num_layers, full.window) == ("full", 3, None)
-    assert (sliding.kind, sliding.num_layers, sliding.window) == ("sliding", 15, 512)
+    # Page balancing: the 15 sliding layers form 5 groups of 3, interleaved, so every group's
+    # page is 3 layers and no pool block is 5x larger than a full-attention page.
+    assert [(g.kind, g.num_layers, g.window) for g in sliding] == [("sliding", 3, 512)] * 5
     assert full.bytes_per_token == 3 * 2 * 1 * 256 * 4
-    assert sliding.bytes_per_token == 15 * 2 * 256 * 4
-    assert geo.block_bytes == 16 * sliding.bytes_per_token
+    assert all(g.bytes_per_token == full.bytes_per_token for g in sliding)
+    assert geo.block_bytes == 16 * full.bytes_per_token
+    sliding_layers = [i for i in range(18) if i % 6 != 5]
+    assert [layout.layer_slots[i].group for i in sliding_layers] == [1, 2, 3, 4, 5] * 3
     assert not geo.eagle and geo.draft_groups == ()
 
 
@@ -67,3 +72,11 @@ def test_draft_without_a_matching_group_gets_its_own():
         ("sliding", False, 2),
     ]
     assert geo.eagle and geo.alignment == 4
+
+
+def test_page_balancing_splits_the_larger_kind() -> None:
+    from relaykv.model.kv_layout import _layers_per_group
+
+    assert _layers_per_group([3, 15]) == 3  # Gemma-3: 5 sliding groups of 3
+    assert _layers_per_group([12, 13]) == 13  # gpt-oss-like: splitting would only add groups
+    assert _layers_per_group([6]) == 6

@@ -9,7 +9,12 @@ Rules:
   gpt-oss EAGLE3; a sliding draft joins the sliding group with its window) as that
   group's last layer, and that group is marked `draft=True`. If no target group matches
   (e.g. a full draft on Mistral, where every layer slides) the draft gets its own group;
-* `bytes_per_token` of a group = layers * 2 (K and V) * kv_heads * head_dim * dtype size.
+* `bytes_per_token` of a group = layers * 2 (K and V) * kv_heads * head_dim * dtype size;
+* page balancing (as vLLM does): every block of the one pool is as large as the largest
+  group's page, so a kind with many more layers than another (Gemma-3: 15 sliding, 3 full)
+  would waste most of each small-group block. A kind is split into interleaved groups of at
+  most `per_group` layers, `per_group` being the smallest kind's layer count (or the largest,
+  when the largest is under 1.5x the smallest: splitting would only add groups).
 """
 
 from __future__ import annotations
@@ -105,32 +110,51 @@ def derive_layout(
         )
     distinct = list(dict.fromkeys(keys + ([draft_key] if draft_key else [])))
     ordered = [k for k in distinct if k[0] == "full"] + [k for k in distinct if k[0] == "sliding"]
-    counts = {k: 0 for k in ordered}
+    per_group = _layers_per_group([keys.count(k) for k in ordered if keys.count(k)])
+    # Each kind becomes ceil(count / per_group) groups; its i-th layer goes to group i % n.
+    first_group, splits = {}, {}
+    for key in ordered:
+        first_group[key] = sum(splits.values())
+        splits[key] = max(1, -(-keys.count(key) // per_group))
+    seen = dict.fromkeys(ordered, 0)
+    members: list[int] = [0] * sum(splits.values())
     layer_slots = []
     for key in keys:
-        layer_slots.append(KVSlot(ordered.index(key), counts[key]))
-        counts[key] += 1
+        group = first_group[key] + seen[key] % splits[key]
+        seen[key] += 1
+        layer_slots.append(KVSlot(group, members[group]))
+        members[group] += 1
     draft_slot = None
     if draft_key is not None:
-        draft_slot = KVSlot(ordered.index(draft_key), counts[draft_key])
-        counts[draft_key] += 1
+        draft_slot = KVSlot(first_group[draft_key], members[first_group[draft_key]])
+        members[first_group[draft_key]] += 1
     elem = torch.empty((), dtype=dtype).element_size()
     specs, shapes = [], []
-    for i, (kind, window, kvh, hd) in enumerate(ordered):
-        layers = counts[(kind, window, kvh, hd)]
-        specs.append(
-            GroupSpec(
-                kind,  # type: ignore[arg-type]
-                block_size,
-                window=window,
-                draft=draft_slot is not None and draft_slot.group == i,
-                num_layers=layers,
-                bytes_per_token=layers * 2 * kvh * hd * elem,
+    for key in ordered:
+        kind, window, kvh, hd = key
+        for i in range(first_group[key], first_group[key] + splits[key]):
+            layers = members[i]
+            specs.append(
+                GroupSpec(
+                    kind,  # type: ignore[arg-type]
+                    block_size,
+                    window=window,
+                    draft=draft_slot is not None and draft_slot.group == i,
+                    num_layers=layers,
+                    bytes_per_token=layers * 2 * kvh * hd * elem,
+                )
             )
-        )
-        shapes.append(GroupShape(kind, window, kvh, hd, layers))
+            shapes.append(GroupShape(kind, window, kvh, hd, layers))
     geometry = Geometry(tuple(specs), eagle=draft is not None)
     return KVLayout(geometry, tuple(shapes), tuple(layer_slots), draft_slot, dtype)
+
+
+def _layers_per_group(counts: list[int]) -> int:
+    """Layers per group for the page balancing rule of the module docstring."""
+    if not counts:
+        return 1
+    smallest, largest = min(counts), max(counts)
+    return largest if largest < 1.5 * smallest else smallest
 
 
 def geometry_from_config(
