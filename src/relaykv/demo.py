@@ -45,7 +45,8 @@ REAL = DemoScale(
     "--num-blocks 2400 --max-model-len 4096",
     3072,
     ("c1/output1:4", "c8/output1:16", "c8/output128:16"),
-    ("--preset", "gemma3-like"),  # Gemma-3-270M: full + sliding(W=512), no draft
+    # Gemma-3-270M as the engine groups it: 3 full layers, 5 page-balanced sliding groups.
+    ("--groups", "full:16," + ",".join(["sliding:16:512"] * 5), "--draft", "none"),
 )
 
 
