@@ -22,7 +22,11 @@ class KVPageStore:
     """The KV buffer of one engine and its per-group typed views."""
 
     def __init__(
-        self, layout: KVLayout, num_blocks: int, device: torch.device | str = "cpu"
+        self,
+        layout: KVLayout,
+        num_blocks: int,
+        device: torch.device | str = "cpu",
+        buffer: torch.Tensor | None = None,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -36,7 +40,15 @@ class KVPageStore:
             raise ValueError("block_bytes must be a multiple of the dtype size")
         # zeros, not empty: a masked-out key still enters the SDPA matmul, and garbage
         # bytes could decode to NaN/inf, which a zero attention weight does not cancel.
-        self.buffer = torch.zeros((num_blocks, self.block_bytes), dtype=torch.uint8, device=device)
+        shape = (num_blocks, self.block_bytes)
+        if buffer is None:
+            self.buffer = torch.zeros(shape, dtype=torch.uint8, device=device)
+        else:
+            # Memory the caller owns (e.g. a shared-memory segment a transport writes into).
+            if tuple(buffer.shape) != shape or buffer.dtype != torch.uint8:
+                raise ValueError(f"a KV buffer must be uint8 {shape}, got {buffer.dtype} "
+                                 f"{tuple(buffer.shape)}")
+            self.buffer = buffer.zero_()
         self.views = [self._group_view(g) for g in range(len(layout.shapes))]
 
     @classmethod

@@ -40,7 +40,9 @@ class ModelRunner:
     `num_blocks` sizes the page store (block 0 is the null block); `block_size` is used by
     every group; `num_speculative_tokens` (k) needs a draft. `batch_threshold`: query runs
     up to this many tokens are attended as one padded batch; longer runs (prefill chunks)
-    attend on their own in sub-blocks of `query_block` queries.
+    attend on their own in sub-blocks of `query_block` queries. `kv_buffer`: memory for the
+    KV pages that the caller owns (uint8 `[num_blocks, block_bytes]`, e.g. a shared-memory
+    segment a KV transport writes into); by default the runner allocates it.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class ModelRunner:
         seed: int | None = None,
         batch_threshold: int = 32,
         query_block: int = 512,
+        kv_buffer: torch.Tensor | None = None,
     ) -> None:
         if num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
@@ -67,7 +70,7 @@ class ModelRunner:
         self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
         shape = draft.attention_shape() if draft is not None else None
         self.layout: KVLayout = derive_layout(model.config, block_size, self.dtype, shape)
-        self.kv = KVPageStore(self.layout, num_blocks, self.device)
+        self.kv = KVPageStore(self.layout, num_blocks, self.device, kv_buffer)
         self.slots = self.layout.slots()  # layer key -> page slot; the model stays unbound
         model.build_rotaries()
         if draft is not None:

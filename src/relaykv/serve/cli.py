@@ -65,12 +65,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     from relaykv.serve.app import create_app
     from relaykv.serve.engine_factory import build_engine
-    from relaykv.serve.pd_wiring import connector_factory
+    from relaykv.serve.pd_wiring import connector_factory, kv_buffer_factory
     from relaykv.serve.server import serve_app
 
     try:
         factory = connector_factory(options, args)
-        served = build_engine(options, connector_factory=factory)
+        served = build_engine(
+            options, connector_factory=factory, kv_buffer=kv_buffer_factory(options)
+        )
     except OptionError as exc:
         parser.error(str(exc))
     for line in served.summary:

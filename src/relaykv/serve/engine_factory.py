@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from relaykv.engine import EngineConfig, Executor, KVConnector, LLMEngine, SchedulerConfig
 from relaykv.kvcache import CacheSizing, Geometry, parse_retention
@@ -219,13 +220,15 @@ def build_engine(
     options: EngineOptions,
     *,
     connector_factory: ConnectorFactory | None = None,
+    kv_buffer: Callable[[Geometry, int], Any] | None = None,
     progress: bool = True,
 ) -> ServedEngine:
-    """Load the model named by `options.model` and build its engine (raises OptionError)."""
+    """Load the model named by `options.model` and build its engine (raises OptionError).
+    `kv_buffer` provides the KV page memory (see `load_for_serving`)."""
     from relaykv.serve.model_loading import load_for_serving  # torch: only when serving
 
     options.check()
-    model, geometry, make_executor = load_for_serving(options, progress=progress)
+    model, geometry, make_executor = load_for_serving(options, progress, kv_buffer)
     return assemble_engine(
         options, model, geometry, make_executor, connector_factory=connector_factory
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -24,8 +25,14 @@ from relaykv.serve.options import EngineOptions, OptionError
 
 
 def load_for_serving(
-    options: EngineOptions, progress: bool = True
+    options: EngineOptions,
+    progress: bool = True,
+    kv_buffer: Callable[[Geometry, int], Any] | None = None,
 ) -> tuple[ModelInfo, Geometry, Callable[[int], Executor]]:
+    """The model, its KV geometry and a function building its runner for N pool blocks.
+
+    `kv_buffer(geometry, num_blocks)`, when given, provides the runner's KV page memory (a
+    decode engine's shared-memory buffer that the shm transport writes into directly)."""
     from relaykv.model import (
         ModelRunner,
         PackageNotInstalled,
@@ -100,6 +107,7 @@ def load_for_serving(
             draft=draft,
             num_speculative_tokens=options.speculative_tokens,
             seed=options.seed,
+            kv_buffer=kv_buffer(layout.geometry, num_blocks) if kv_buffer else None,
         )
 
     return model, layout.geometry, make_executor

@@ -10,12 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from collections.abc import Callable
+from typing import Any
 
 from relaykv.engine import KVConnector, LLMEngine
+from relaykv.kvcache import Geometry
 from relaykv.serve.engine_factory import ConnectorFactory
 from relaykv.serve.options import EngineOptions, OptionError
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import TransportUnavailable, get_transport, options_from_args
+
+_SHARED_SEGMENTS: list[Any] = []
 
 
 def connector_factory(options: EngineOptions, args: argparse.Namespace) -> ConnectorFactory | None:
@@ -50,3 +55,24 @@ def connector_factory(options: EngineOptions, args: argparse.Namespace) -> Conne
         )
 
     return build
+
+
+def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] | None:
+    """A decode engine on the shm transport keeps its KV pages in shared memory, so the
+    prefill engine writes received pages straight into them (shm direct mode: one copy
+    instead of two, docs/transports.md)."""
+    if options.role != "decode" or options.kv_transport != "shm":
+        return None
+    import torch
+
+    from relaykv.transfer.transport import PageLayout
+    from relaykv.transfer.transport.shm import SharedKVBuffer
+
+    def allocate(geometry: Geometry, num_blocks: int) -> Any:
+        shared = SharedKVBuffer(PageLayout.from_geometry(geometry, num_blocks))
+        # The segment must outlive the engine's build (its name is what P opens): a server
+        # process keeps it until exit.
+        _SHARED_SEGMENTS.append(shared)
+        return torch.from_numpy(shared.array)
+
+    return allocate
