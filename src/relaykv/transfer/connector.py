@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from relaykv.engine.metrics import Histogram
 from relaykv.engine.request import Request
 from relaykv.kvcache import CacheRequest, KVCacheManager, KVLoad
 from relaykv.transfer.transport import (
@@ -42,17 +40,6 @@ from relaykv.transfer.transport import (
 log = logging.getLogger(__name__)
 
 PARAM_KEYS = ("remote_request_id", "source", "remote_num_tokens", "pd_policy", "remote_block_ids")
-
-
-@dataclass(slots=True)
-class TransferMetrics:
-    """What the connector saw (exported next to the cache stats)."""
-
-    transfer_seconds: Histogram = field(default_factory=Histogram)
-    reads_ok: int = 0
-    reads_failed: int = 0
-    releases_sent: int = 0
-    held_requests: int = 0
 
 
 class PDConnector:
@@ -80,7 +67,6 @@ class PDConnector:
         self.lease_seconds = lease_seconds
         self.quarantine_seconds = quarantine_seconds
         self.layout = PageLayout.from_geometry(manager.geometry, manager.pool.num_blocks)
-        self.metrics = TransferMetrics()
         self.server = None
         self.client = None
         if role == "prefill":
@@ -131,7 +117,6 @@ class PDConnector:
         blocks = {g: [b for _, b in items] for g, items in enumerate(held) if items}
         self.server.allow(request.request_id, blocks, time.monotonic() + self.lease_seconds)
         self._held[request.request_id] = request.cache
-        self.metrics.held_requests = len(self._held)
         return {
             "do_remote_prefill": True,
             "remote_request_id": request.request_id,
@@ -152,7 +137,6 @@ class PDConnector:
         self.manager.free(cache)
         if expired:
             self.manager.stats.lease_expiries += 1
-        self.metrics.held_requests = len(self._held)
 
     # -- decode side ----------------------------------------------------------------------
     def start_load(self, request: Request, load: KVLoad) -> None:
@@ -175,7 +159,6 @@ class PDConnector:
         self.client.release_remote(
             KVSourceDescriptor.from_dict(params["source"]), params["remote_request_id"]
         )
-        self.metrics.releases_sent += 1
 
     def keep_alive(self, waiting: list[Request]) -> None:
         """D: renew the leases of remote-prefill requests still waiting for admission."""
@@ -213,11 +196,8 @@ class PDConnector:
             if entry is None:
                 continue
             if handle.status == "done":
-                self.metrics.reads_ok += 1
-                self.metrics.transfer_seconds.observe(handle.result().seconds)
                 done.append((entry[1], True))
                 continue
-            self.metrics.reads_failed += 1
             exc = handle.exception()
             log.warning("KV read for %s failed: %r", handle.request_id, exc)
             # D will not retry this read: P may free the blocks now, not at lease expiry.
