@@ -1,0 +1,49 @@
+"""`relaykv up --json`: one JSON line once every member is ready; SIGTERM stops them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+
+def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relaykv", "up", "--json", "--num-blocks", "300",
+         "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = proc.stdout.readline()  # blocks until the cluster is ready (or up exits)
+        info = json.loads(line)
+        assert set(info) == {"router", "prefill", "decode"}
+        assert len(info["prefill"]) == 1 and len(info["decode"]) == 1
+        assert info["router"].startswith("http://127.0.0.1:")
+        assert httpx.get(f"{info['router']}/cluster", timeout=5).json()["decode"] == info["decode"]
+        resp = httpx.post(f"{info['router']}/v1/completions", timeout=60, json={
+            "model": "tiny-hybrid", "prompt": [5, 6, 7, 8], "max_tokens": 3})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert proc.stdout.read() == ""  # exactly one line on stdout
+        for url in (info["router"], *info["prefill"], *info["decode"]):
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"{url}/health", timeout=2)
+        assert {p.name for p in tmp_path.iterdir()} == {"prefill0.log", "decode0.log",
+                                                        "router.log"}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_rejects_bad_counts() -> None:
+    proc = subprocess.run([sys.executable, "-m", "relaykv", "up", "--num-decode", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--num-prefill/--num-decode" in proc.stderr
