@@ -31,13 +31,17 @@ class Engines:
         if what in ("500", "503"):
             return httpx.Response(int(what), json={"error": {"message": "broken"}})
         if what == "400":
-            return httpx.Response(400, json={"error": {"message": "prompt too long",
-                                                       "param": "prompt"}})
+            return httpx.Response(
+                400, json={"error": {"message": "prompt too long", "param": "prompt"}}
+            )
         if body.get("kv_transfer_params", {}).get("do_remote_decode"):
-            return httpx.Response(200, json={"choices": [{"text": "x"}],
-                                             "kv_transfer_params": TRANSFER})
+            return httpx.Response(
+                200, json={"choices": [{"text": "x"}], "kv_transfer_params": TRANSFER}
+            )
         if body.get("stream"):
-            return httpx.Response(200, content=_sse(), headers={"content-type": "text/event-stream"})
+            return httpx.Response(
+                200, content=_sse(), headers={"content-type": "text/event-stream"}
+            )
         return httpx.Response(200, json={"choices": [{"text": "decoded"}], "from": url})
 
 
@@ -114,11 +118,13 @@ async def test_api_key_and_malformed_bodies() -> None:
         assert (await client.post("/v1/completions", json=BODY)).status_code == 401
         ok = await client.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer k"})
         assert ok.status_code == 200
-        bad = await client.post("/v1/completions", content=b"{nope",
-                                headers={"Authorization": "Bearer k"})
+        bad = await client.post(
+            "/v1/completions", content=b"{nope", headers={"Authorization": "Bearer k"}
+        )
         assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
-        listed = await client.post("/v1/completions", json=[1],
-                                   headers={"Authorization": "Bearer k"})
+        listed = await client.post(
+            "/v1/completions", json=[1], headers={"Authorization": "Bearer k"}
+        )
         assert listed.status_code == 400
 
 
@@ -126,7 +132,10 @@ async def test_cluster_lists_the_engines() -> None:
     router = Router([P1], [D1, D2], public_url="http://router:9")
     async with _client(router, Engines()) as client:
         assert (await client.get("/cluster")).json() == {
-            "router": "http://router:9", "prefill": [P1], "decode": [D1, D2]}
+            "router": "http://router:9",
+            "prefill": [P1],
+            "decode": [D1, D2],
+        }
 
 
 def test_least_loaded_then_round_robin() -> None:
