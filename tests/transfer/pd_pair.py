@@ -111,6 +111,7 @@ class PDPair:
             for eng in (self.p, self.d):
                 assert_consistent(eng.manager)
                 assert eng.scheduler.check() == []
+                assert eng.connector.check() == []
             if not busy and not self.p.connector._held:
                 return outs
             time.sleep(0.0005)

@@ -211,6 +211,21 @@ class PDConnector:
         done.extend((load, False) for load in due)
         return done
 
+    def check(self) -> list[str]:
+        """Violations of the connector's invariants (tests run this after every step)."""
+        problems = []
+        for rid, cache in self._held.items():
+            if self.manager.requests.get(rid) is not cache:
+                problems.append(f"held request {rid} is not registered with the cache")
+        for tid, (_, load) in self._reads.items():
+            if load.own_state != "pending":
+                problems.append(f"read {tid} still tracked after its load {load.own_state}")
+        for _, load in self._quarantine:
+            if load.own_state != "pending":
+                problems.append(f"quarantined load {load.load_id} already {load.own_state}")
+        # The transport's own structures belong to its IO thread; its tests check them.
+        return problems
+
     def shutdown(self) -> None:
         if self.server is not None:
             self.server.close()
