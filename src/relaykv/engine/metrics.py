@@ -77,7 +77,6 @@ class EngineMetrics:
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
-    queue_time: Histogram = field(default_factory=Histogram)
     kv_transfer: Histogram = field(default_factory=Histogram)  # remote KV loads (P/D, decode)
 
     def finished(self, reason: str) -> None:
@@ -88,9 +87,3 @@ class EngineMetrics:
             self.spec_num_drafts += 1
             self.spec_num_draft_tokens += num_draft_tokens
             self.spec_num_accepted_tokens += num_accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        if not self.spec_num_draft_tokens:
-            return 0.0
-        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens

@@ -117,14 +117,6 @@ class Geometry:
         return group in self.draft_groups
 
     @property
-    def full_groups(self) -> tuple[int, ...]:
-        return tuple(i for i, g in enumerate(self.groups) if g.kind == "full")
-
-    @property
-    def sliding_groups(self) -> tuple[int, ...]:
-        return tuple(i for i, g in enumerate(self.groups) if g.kind == "sliding")
-
-    @property
     def block_bytes(self) -> int:
         """Bytes of one pool block: the largest group page (groups share one pool)."""
         return max(g.page_bytes for g in self.groups)

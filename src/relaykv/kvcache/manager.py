@@ -278,6 +278,3 @@ class KVCacheManager:
             held.append([(i, table[i]) for i in keep])
         self.pool.free(extra)
         return held
-
-    def reset_prefix_cache(self) -> bool:
-        return self.pool.reset()

@@ -87,9 +87,6 @@ class BlockPool:
         """Fraction of usable blocks held by requests (the null block excluded)."""
         return 1.0 - self.num_free / self.num_usable
 
-    def is_free(self, block: int) -> bool:
-        return block != NULL_BLOCK and self.ref_cnt[block] == 0
-
     # -- lookup --------------------------------------------------------------------
     def cached_block(self, group: int, key: bytes) -> int | None:
         return self.maps[group].get(key)

@@ -95,10 +95,6 @@ class CacheRequest:
                 keys.extend(hashes[(len(keys) + 1) * ratio - 1 : total * ratio : ratio])
         return keys
 
-    def held_blocks(self) -> list[int]:
-        """Every real block id in this request's tables (for accounting and checks)."""
-        return [b for table in self.tables for b in table if b]
-
     def __repr__(self) -> str:
         return (
             f"CacheRequest({self.request_id!r}, tokens={self.num_tokens}, role={self.role.value}, "
