@@ -78,7 +78,7 @@ def test_plan_is_consistent_for_every_n(geo: Geometry, policy: str) -> None:
                 assert held.start == 0
                 continue
             # D recomputes N-1: its window must be held whatever the policy.
-            assert held.start <= rule.window_start_block(n - 1)
+            assert held.start <= rule.first_read_block(n - 1)
             # The sizing slack covers the plan (§8).
             assert rule.first_kept_block(n - 1, None) >= held.start
             assert max(0, n - rule.window - slack[rule.index]) // rule.block_size <= held.start

@@ -49,8 +49,18 @@ def cases() -> list[list[str]]:
         n = rng.randint(2, 160)
         diverge = rng.randint(1, n - 1)
         out.append(
-            ["--groups", groups, *extra, "--prompt-len", str(n), "--sibling-diverge",
-             str(diverge), "--extension-len", str(rng.randint(1, 40)), "--json"]
+            [
+                "--groups",
+                groups,
+                *extra,
+                "--prompt-len",
+                str(n),
+                "--sibling-diverge",
+                str(diverge),
+                "--extension-len",
+                str(rng.randint(1, 40)),
+                "--json",
+            ]
         )
     return out
 

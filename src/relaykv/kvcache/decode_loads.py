@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
+from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.pd_plan import PDPlan, pd_plan
 from relaykv.kvcache.pool import NULL_BLOCK
 from relaykv.kvcache.request import CacheRequest
@@ -181,8 +181,9 @@ class DecodeLoads:
         return out
 
     def _tokens_local_everywhere(self, local: list[dict[int, int]], n: int) -> int:
-        """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
-        rules = [r for r in self.manager.rules if isinstance(r, FullAttentionGroup)]
+        """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
+        groups if none)."""
+        rules = [r for r in self.manager.rules if r.prefix_closed]
         rules = rules or list(self.manager.rules)
         unit = self.manager.geometry.hash_unit
         count = 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from relaykv.kvcache.groups import FullAttentionGroup
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pool import NULL_BLOCK
 
@@ -24,13 +23,13 @@ def check_manager(manager: KVCacheManager) -> list[str]:
         for rule in manager.rules:
             table = req.tables[rule.index]
             refs.update(b for b in table if b != NULL_BLOCK)
-            if isinstance(rule, FullAttentionGroup):
+            if rule.prefix_closed:
                 if NULL_BLOCK in table:
                     problems.append(f"{req.request_id}: full group {rule.index} holds a null")
             else:
                 real = [i for i, b in enumerate(table) if b != NULL_BLOCK]
                 if real and any(table[i] == NULL_BLOCK for i in range(real[0], real[-1] + 1)):
-                    problems.append(f"{req.request_id}: sliding group {rule.index} has a hole")
+                    problems.append(f"{req.request_id}: group {rule.index} has a hole")
             if len(set(b for b in table if b)) != sum(1 for b in table if b):
                 problems.append(f"{req.request_id}: group {rule.index} repeats a block")
     for block in range(1, pool.num_blocks):

@@ -24,12 +24,12 @@ import numpy as np
 
 from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import SlidingWindowGroup, rules_for
+from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
 from relaykv.kvcache.request import CacheRequest, CacheRole
-from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries, sliding_mask
+from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 
@@ -109,9 +109,9 @@ class KVCacheManager:
         plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
         cap = req.num_tokens
         for rule in self.rules:
-            if isinstance(rule, SlidingWindowGroup):
-                first = plan.held[rule.index].start
-                cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
+            rule_cap = rule.hit_cap_for_floor(plan.held[rule.index].start)
+            if rule_cap is not None:
+                cap = min(cap, rule_cap)
         return cap
 
     def blocks_needed(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
@@ -186,15 +186,12 @@ class KVCacheManager:
             if end <= start:
                 continue
             mask = None
-            if isinstance(rule, SlidingWindowGroup):
+            horizon = rule.hash_horizon(upto)
+            if horizon is not None:
                 # Blocks are hashed once, when they fill (`num_cached_blocks` moves past them),
-                # so the mask must already name the windows of points a little beyond `upto`:
-                # under chunked prefill the window of a replay boundary r > upto starts below
-                # upto (§6). Any window reaching below `end` belongs to r < upto + W + b(1+peek).
-                horizon = upto + rule.window + rule.block_size * (1 + rule.peek)
-                mask = sliding_mask(
-                    rule, self.retention, self.boundaries(req), req.junction, horizon
-                )
+                # so the mask must already name the windows of points a little beyond `upto`
+                # (chunked prefill, §6): every point up to the rule's hash horizon.
+                mask = hash_mask(rule, self.retention, self.boundaries(req), req.junction, horizon)
             self.pool.cache_blocks(
                 g,
                 ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
@@ -205,12 +202,12 @@ class KVCacheManager:
         return replay_boundaries(self.geometry, req.num_prompt_tokens, self.rules)
 
     def free_skipped(self, req: CacheRequest, processed: int) -> None:
-        """Free sliding blocks no future computation of `req` reads (§6, processed basis)."""
+        """Free blocks no future computation of `req` reads (§6, processed basis)."""
         floor = None
         if req.role is CacheRole.PREFILL:
             plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
         for rule in self.rules:
-            if not isinstance(rule, SlidingWindowGroup):
+            if rule.prefix_closed:
                 continue
             if req.role is CacheRole.PREFILL:
                 floor = plan.held[rule.index].start * rule.block_size

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
-from relaykv.kvcache.retention import Retention, replay_boundaries, sliding_mask
+from relaykv.kvcache.groups import GroupRules, rules_for
+from relaykv.kvcache.retention import Retention, hash_mask, replay_boundaries
 
 PD_POLICIES: tuple[str, ...] = ("legacy", "replay-slack", "exact", "per-group")
 
@@ -74,9 +74,9 @@ class PDPlan:
         policy names, exactly as a colocated engine would; under `per-group` D's later
         lookups are per block, so every received full block is worth a hash.
         """
-        if not isinstance(rule, SlidingWindowGroup) or not self.common_resume:
+        if not self.common_resume:
             return None
-        return sliding_mask(rule, retention, self.boundaries, junction, self.num_tokens)
+        return hash_mask(rule, retention, self.boundaries, junction, self.num_tokens)
 
 
 def pd_plan(geometry: Geometry, policy: str, num_tokens: int) -> PDPlan:
@@ -102,14 +102,10 @@ def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
 def _first_held_block(
     rule: GroupRules, geometry: Geometry, policy: str, n: int, boundaries: tuple[int, ...]
 ) -> int:
-    if not isinstance(rule, SlidingWindowGroup):
-        return 0
-    final_window = rule.window_start_block(n - 1)  # D recomputes N-1: positions >= N-W
+    final_window = rule.first_read_block(n - 1)  # D recomputes N-1 (full-prompt rule)
     if policy == "replay-slack" and rule.draft:
         # The published fix: one alignment unit below the window counted from N (§7).
-        return min(
-            final_window, max(0, n - rule.window + 1 - geometry.alignment) // rule.block_size
-        )
+        return min(final_window, rule.first_kept_block(n - geometry.alignment))
     if policy == "exact":
         lowest = [rule.needed(r).start for r in boundaries]
         return min([final_window, *lowest])
@@ -120,20 +116,18 @@ def _first_held_block(
 def pd_slack_tokens(geometry: Geometry, policy: str) -> tuple[int, ...]:
     """Per group, the most tokens a plan retains below the standard window, over all N (§8).
 
-    A request that processed n tokens frees sliding blocks wholly below `n - W + 1 - slack`;
-    after a load D has processed N-1 tokens, so the slack that keeps `held[g]` is the
-    smallest s with `floor((N-W-s)/b) <= held[g].start`. The plan repeats with period A once
-    N exceeds the window by a few alignment units, so a finite scan finds the maximum.
+    A request that processed p tokens keeps blocks from `first_kept_block(p - slack)`; after a
+    load D has processed N-1 tokens, so the slack that keeps `held[g]` is
+    `slack_tokens(N-1, held[g].start)`. The plan repeats with period A once N exceeds the
+    longest reach by a few alignment units, so a finite scan finds the maximum.
     """
     rules = rules_for(geometry)
     a = geometry.alignment
-    top = max((r.window for r in rules if isinstance(r, SlidingWindowGroup)), default=0) + 4 * a
+    top = max((r.reach or 0 for r in rules), default=0) + 4 * a
     slack = [0] * len(rules)
     for n in range(1, top + a + 1):
         plan = _plan(geometry, policy, n)
         for rule in rules:
-            if isinstance(rule, SlidingWindowGroup):
-                b = rule.block_size
-                need = n - rule.window - plan.held[rule.index].start * b - b + 1
-                slack[rule.index] = max(slack[rule.index], need)
+            need = rule.slack_tokens(n - 1, plan.held[rule.index].start)
+            slack[rule.index] = max(slack[rule.index], need)
     return tuple(slack)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from relaykv.kvcache.geometry import Geometry, cdiv
+from relaykv.kvcache.geometry import Geometry
+from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.invariants import assert_consistent
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.request import CacheRequest, CacheRole
@@ -92,7 +93,7 @@ def _engine_pair(
 
 def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
     longest = len(prompts.extension) + geometry.alignment
-    per_request = sum(cdiv(longest, g.block_size) for g in geometry.groups)
+    per_request = sum(rule.blocks_for(longest) for rule in rules_for(geometry))
     return 8 * per_request + 16  # never evicts: the probe measures reuse, not capacity
 
 

@@ -1,8 +1,8 @@
 """Sizing and admission: one per-request block cap for startup and run time (KVCACHE.md §8).
 
-The most blocks a running request can hold in a sliding group is
-`cdiv(min(W - 1 + slack + in_flight_tokens, max_model_len), b) + 1`; a full group holds
-`cdiv(max_model_len, b)`. Pool sizing, the maximum-concurrency report and the runtime
+The most blocks a running request can hold in a group is `GroupRules.worst_case_blocks`
+(sliding: `cdiv(min(W - 1 + slack + in_flight_tokens, max_model_len), b) + 1`; full:
+`cdiv(max_model_len, b)`). Pool sizing, the maximum-concurrency report and the runtime
 admission check all read `CacheSizing.caps`, so what startup admitted is admissible later.
 `slack` comes from the P/D plan (`pd_slack_tokens`) for engines in a P/D role.
 """
@@ -21,15 +21,10 @@ def group_caps(
     geometry: Geometry, max_model_len: int, max_in_flight_tokens: int, slack: tuple[int, ...]
 ) -> tuple[int, ...]:
     """Per group, the most blocks one running request can hold (§8)."""
-    caps = []
-    for i, g in enumerate(geometry.groups):
-        if g.kind == "full":
-            caps.append(cdiv(max_model_len, g.block_size))
-        else:
-            assert g.window is not None
-            span = min(g.window - 1 + slack[i] + max_in_flight_tokens, max_model_len)
-            caps.append(min(cdiv(span, g.block_size) + 1, cdiv(max_model_len, g.block_size)))
-    return tuple(caps)
+    return tuple(
+        rule.worst_case_blocks(max_model_len, max_in_flight_tokens, slack[rule.index])
+        for rule in rules_for(geometry)
+    )
 
 
 def min_reusable_prefix(geometry: Geometry, limit: int = 1 << 20) -> int:
