@@ -75,7 +75,7 @@ class Driver:
         self._check()
 
     def finish(self, req: CacheRequest) -> None:
-        self.m.free(req)
+        self.m.release(req)
         self._check()
 
     def _check(self) -> None:

@@ -25,7 +25,7 @@ def test_lookup_equals_oracle_on_arbitrary_cache_states(geo, prompts, data) -> N
             m.pool.cache_blocks(
                 rule.index, [(req.tables[rule.index][k], keys[k]) for k in subset if k < len(keys)]
             )
-        m.free(req)
+        m.release(req)
     query = m.add_request("q", prompts[-1])
     hit = find_longest_hit(query, m.rules, m.pool)
     assert hit.tokens == oracle_hit(query, m.rules, m.pool)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relaykv.kvcache.decode_loads import DecodeLoads, KVLoad
+from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import (
     PRESETS,
     Geometry,
@@ -11,28 +11,38 @@ from relaykv.kvcache.geometry import (
     parse_groups,
     preset,
 )
-from relaykv.kvcache.groups import FullAttentionGroup, GroupRules, SlidingWindowGroup, rules_for
+from relaykv.kvcache.groups import (
+    KINDS,
+    ChunkedLocalGroup,
+    FullAttentionGroup,
+    GroupRules,
+    SlidingWindowGroup,
+    rules_for,
+)
 from relaykv.kvcache.hashing import TokenHashes, chain_hashes
 from relaykv.kvcache.invariants import assert_consistent, check_manager
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
-from relaykv.kvcache.manager import KVCacheManager
+from relaykv.kvcache.manager import Admission, KVCacheManager
 from relaykv.kvcache.oracle import oracle_hit
 from relaykv.kvcache.pd_plan import PD_POLICIES, PDPlan, pd_plan, pd_slack_tokens
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, KVEvent
-from relaykv.kvcache.request import CacheRequest, CacheRole
+from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 
 __all__ = [
+    "KINDS",
     "NULL_BLOCK",
     "PD_POLICIES",
     "PRESETS",
+    "Admission",
     "BlockPool",
     "CacheRequest",
     "CacheRole",
     "CacheSizing",
     "CacheStats",
+    "ChunkedLocalGroup",
     "DecodeLoads",
     "FullAttentionGroup",
     "Geometry",
@@ -41,6 +51,7 @@ __all__ = [
     "KVCacheManager",
     "KVEvent",
     "KVLoad",
+    "LoadState",
     "LocalHit",
     "PDPlan",
     "Retention",

@@ -41,11 +41,11 @@ def check_manager(manager: KVCacheManager) -> list[str]:
     for load in manager.loads.active.values():
         for items in load.receive:
             for _, block in items:
-                if load.own_state == "pending" and pool.block_key[block] is not None:
+                if load.pending and pool.block_key[block] is not None:
                     problems.append(f"load {load.load_id}: in-flight block {block} is hashed")
     for group, registry in enumerate(manager.loads.inflight):
         for load, block in registry.values():
-            if load.own_state != "pending":
+            if not load.pending:
                 problems.append(f"group {group}: finished load {load.load_id} still registered")
             if pool.ref_cnt[block] == 0:
                 problems.append(f"group {group}: registered in-flight block {block} is free")

@@ -27,6 +27,7 @@ from typing import Any
 from relaykv.engine import EngineConfig, Executor, KVConnector, LLMEngine, SchedulerConfig
 from relaykv.kvcache import CacheSizing, Geometry, parse_retention
 from relaykv.serve.chat_template import ChatFormatter, TextTokenizer
+from relaykv.serve.model_info import ModelInfo
 from relaykv.serve.options import DEFAULT_MAX_MODEL_LEN, EngineOptions, OptionError
 from relaykv.serve.sizes import format_bytes
 
@@ -34,21 +35,6 @@ log = logging.getLogger("relaykv.serve")
 
 # Builds the P/D connector of an engine (called once, after the engine exists).
 ConnectorFactory = Callable[[LLMEngine], KVConnector]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """A loaded model as the server sees it (the executor is built separately)."""
-
-    name: str  # default served model name
-    source: str  # preset name, directory or file
-    vocab_size: int
-    max_position_embeddings: int | None = None
-    tokenizer: TextTokenizer | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
-    chat: ChatFormatter | None = None
-    description: str = ""
 
 
 @dataclass(slots=True)

@@ -134,7 +134,7 @@ class PDConnector:
             return
         assert self.server is not None
         self.server.release(request_id)  # returns once no copy of its pages is running
-        self.manager.free(cache)
+        self.manager.release(cache)
         if expired:
             self.manager.stats.lease_expiries += 1
 
@@ -218,11 +218,11 @@ class PDConnector:
             if self.manager.requests.get(rid) is not cache:
                 problems.append(f"held request {rid} is not registered with the cache")
         for tid, (_, load) in self._reads.items():
-            if load.own_state != "pending":
-                problems.append(f"read {tid} still tracked after its load {load.own_state}")
+            if not load.pending:
+                problems.append(f"read {tid} still tracked after its load {load.state.value}")
         for _, load in self._quarantine:
-            if load.own_state != "pending":
-                problems.append(f"quarantined load {load.load_id} already {load.own_state}")
+            if not load.pending:
+                problems.append(f"quarantined load {load.load_id} already {load.state.value}")
         # The transport's own structures belong to its IO thread; its tests check them.
         return problems
 
