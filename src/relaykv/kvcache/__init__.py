@@ -24,7 +24,8 @@ from relaykv.kvcache.invariants import assert_consistent, check_manager
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.manager import Admission, KVCacheManager
 from relaykv.kvcache.oracle import oracle_hit
-from relaykv.kvcache.pd_plan import PD_POLICIES, PDPlan, pd_plan, pd_slack_tokens
+from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
+from relaykv.kvcache.pd_plan import PDPlan, pd_plan, pd_slack_tokens
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries
@@ -32,10 +33,12 @@ from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 
 __all__ = [
+    "DEFAULT_PD_POLICY",
     "KINDS",
     "NULL_BLOCK",
     "PD_POLICIES",
     "PRESETS",
+    "ROLES",
     "Admission",
     "BlockPool",
     "CacheRequest",
@@ -54,7 +57,9 @@ __all__ = [
     "LoadState",
     "LocalHit",
     "PDPlan",
+    "PDPolicy",
     "Retention",
+    "Role",
     "SlidingWindowGroup",
     "TokenHashes",
     "assert_consistent",

@@ -41,7 +41,8 @@ from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
-from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
+from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.kvcache.pd_plan import pd_plan
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
@@ -68,17 +69,16 @@ class KVCacheManager:
         num_blocks: int,
         *,
         retention: str | Retention = "boundaries",
-        pd_policy: str = "per-group",
+        pd_policy: PDPolicy | str = DEFAULT_PD_POLICY,
         enable_caching: bool = True,
         max_model_len: int = 1 << 20,
         max_in_flight_tokens: int = 8192,
         pd_role: bool = False,
         on_event: EventSink | None = None,
+        sizing: CacheSizing | None = None,
     ) -> None:
-        if pd_policy not in PD_POLICIES:
-            raise ValueError(
-                f"unknown P/D policy {pd_policy!r}; choose from {', '.join(PD_POLICIES)}"
-            )
+        """`sizing`: the engine's `CacheSizing`, built and checked once at startup (then
+        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it)."""
         self.geometry = geometry
         self.rules = rules_for(geometry)
         self.retention = (
@@ -86,15 +86,19 @@ class KVCacheManager:
             if isinstance(retention, Retention)
             else parse_retention(retention, geometry.alignment)
         )
-        self.pd_policy = pd_policy
+        self.pd_policy = PDPolicy.parse(pd_policy)
         self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching, on_event)
-        self.sizing = CacheSizing.build(
-            geometry,
-            num_blocks,
-            max_model_len,
-            max_in_flight_tokens,
-            pd_policy if pd_role else None,
-        )
+        if sizing is None:
+            sizing = CacheSizing.build(
+                geometry,
+                num_blocks,
+                max_model_len,
+                max_in_flight_tokens,
+                self.pd_policy if pd_role else None,
+            )
+        elif sizing.geometry != geometry or sizing.num_blocks != num_blocks:
+            raise ValueError("the cache sizing was built for another geometry or pool")
+        self.sizing = sizing
         self.stats = CacheStats(geometry.num_groups)
         self.requests: dict[str, CacheRequest] = {}
         self.loads = DecodeLoads(

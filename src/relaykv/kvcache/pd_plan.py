@@ -37,16 +37,15 @@ from functools import lru_cache
 
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import GroupRules, rules_for
+from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.retention import Retention, hash_mask, replay_boundaries
-
-PD_POLICIES: tuple[str, ...] = ("legacy", "replay-slack", "exact", "per-group")
 
 
 @dataclass(frozen=True, slots=True)
 class PDPlan:
     """What D holds per group after receiving an N-token prompt, and how it reuses it."""
 
-    policy: str
+    policy: PDPolicy
     num_tokens: int
     held: tuple[range, ...]
     boundaries: tuple[int, ...]
@@ -54,13 +53,12 @@ class PDPlan:
     @property
     def common_resume(self) -> bool:
         """D resumes all groups at one point found by the hybrid lookup (§5)."""
-        return self.policy != "per-group"
+        return self.policy.common_resume
 
     @property
     def coalesces_loads(self) -> bool:
-        """Concurrent loads of the same blocks share one transfer (relaykv's policies only:
-        `legacy` and `replay-slack` reproduce systems that pull separately)."""
-        return self.policy in ("exact", "per-group")
+        """Concurrent loads of the same blocks share one transfer (see `PDPolicy`)."""
+        return self.policy.coalesces_loads
 
     def held_blocks(self) -> int:
         return sum(len(r) for r in self.held)
@@ -79,17 +77,15 @@ class PDPlan:
         return hash_mask(rule, retention, self.boundaries, junction, self.num_tokens)
 
 
-def pd_plan(geometry: Geometry, policy: str, num_tokens: int) -> PDPlan:
+def pd_plan(geometry: Geometry, policy: PDPolicy, num_tokens: int) -> PDPlan:
     """The plan for a decode engine receiving a `num_tokens`-token prompt under `policy`."""
-    if policy not in PD_POLICIES:
-        raise ValueError(f"unknown P/D policy {policy!r}; choose from {', '.join(PD_POLICIES)}")
     if num_tokens < 1:
         raise ValueError("a P/D transfer needs a prompt of at least one token")
-    return _plan(geometry, policy, num_tokens)
+    return _plan(geometry, PDPolicy.parse(policy), num_tokens)
 
 
 @lru_cache(maxsize=4096)
-def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
+def _plan(geometry: Geometry, policy: PDPolicy, n: int) -> PDPlan:
     rules = rules_for(geometry)
     boundaries = replay_boundaries(geometry, n, rules)
     held = tuple(
@@ -100,20 +96,20 @@ def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
 
 
 def _first_held_block(
-    rule: GroupRules, geometry: Geometry, policy: str, n: int, boundaries: tuple[int, ...]
+    rule: GroupRules, geometry: Geometry, policy: PDPolicy, n: int, boundaries: tuple[int, ...]
 ) -> int:
     final_window = rule.first_read_block(n - 1)  # D recomputes N-1 (full-prompt rule)
-    if policy == "replay-slack" and rule.draft:
+    if policy is PDPolicy.REPLAY_SLACK and rule.draft:
         # The published fix: one alignment unit below the window counted from N (§7).
         return min(final_window, rule.first_kept_block(n - geometry.alignment))
-    if policy == "exact":
+    if policy is PDPolicy.EXACT:
         lowest = [rule.needed(r).start for r in boundaries]
         return min([final_window, *lowest])
     return final_window
 
 
 @lru_cache(maxsize=256)
-def pd_slack_tokens(geometry: Geometry, policy: str) -> tuple[int, ...]:
+def pd_slack_tokens(geometry: Geometry, policy: PDPolicy) -> tuple[int, ...]:
     """Per group, the most tokens a plan retains below the standard window, over all N (§8).
 
     A request that processed p tokens keeps blocks from `first_kept_block(p - slack)`; after a
@@ -121,6 +117,7 @@ def pd_slack_tokens(geometry: Geometry, policy: str) -> tuple[int, ...]:
     `slack_tokens(N-1, held[g].start)`. The plan repeats with period A once N exceeds the
     longest reach by a few alignment units, so a finite scan finds the maximum.
     """
+    policy = PDPolicy(policy)
     rules = rules_for(geometry)
     a = geometry.alignment
     top = max((r.reach or 0 for r in rules), default=0) + 4 * a

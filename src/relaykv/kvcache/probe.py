@@ -17,6 +17,7 @@ from relaykv.kvcache.geometry import Geometry
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.invariants import assert_consistent
 from relaykv.kvcache.manager import KVCacheManager
+from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.request import CacheRequest, CacheRole
 
 FOLLOW_UPS = ("resend", "extension", "sibling")
@@ -81,7 +82,7 @@ class _Engine:
 
 
 def _engine_pair(
-    geometry: Geometry, policy: str, retention: str, blocks: int
+    geometry: Geometry, policy: PDPolicy, retention: str, blocks: int
 ) -> tuple[_Engine, _Engine]:
     def manager() -> KVCacheManager:
         return KVCacheManager(geometry, blocks, retention=retention, pd_policy=policy, pd_role=True)
@@ -109,7 +110,7 @@ def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -
 
 
 def probe_decode(
-    geometry: Geometry, policy: str, retention: str, prompts: ProbePrompts
+    geometry: Geometry, policy: PDPolicy, retention: str, prompts: ProbePrompts
 ) -> dict[str, dict[str, int | list[int]]]:
     p, d = _engine_pair(geometry, policy, retention, _pool_blocks(geometry, prompts))
     out: dict[str, dict[str, int | list[int]]] = {}
@@ -135,7 +136,7 @@ def probe_decode(
 
 def run_probe(
     geometry: Geometry,
-    policy: str,
+    policy: PDPolicy | str,
     prompt_len: int,
     *,
     retention: str = "boundaries",

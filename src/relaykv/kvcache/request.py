@@ -18,15 +18,11 @@ import numpy as np
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import TokenHashes, successor_key
+from relaykv.kvcache.pd_config import Role
 from relaykv.kvcache.pd_plan import PDPlan
 
-
-class CacheRole(Enum):
-    """How the request uses the cache: a normal request, or one side of a P/D transfer."""
-
-    COLOCATED = "colocated"
-    PREFILL = "prefill"  # computed here, KV sent to a decode engine afterwards
-    DECODE = "decode"  # KV received from a prefill engine, decoded here
+# How a request uses the cache: a normal request, or one side of a P/D transfer.
+CacheRole = Role
 
 
 class CacheRequest:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
+from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.pd_plan import pd_slack_tokens
 from relaykv.kvcache.retention import landing_point
 
@@ -56,7 +57,7 @@ class CacheSizing:
         num_blocks: int,
         max_model_len: int,
         max_in_flight_tokens: int,
-        pd_policy: str | None = None,
+        pd_policy: PDPolicy | None = None,
     ) -> CacheSizing:
         """`pd_policy` is set on P/D engines: their plan's retention counts in the caps."""
         slack = pd_slack_tokens(geometry, pd_policy) if pd_policy else (0,) * geometry.num_groups

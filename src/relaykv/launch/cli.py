@@ -15,14 +15,14 @@ import threading
 from pathlib import Path
 
 from relaykv.launch.cluster import Cluster, ClusterError
+from relaykv.serve.options import DEFAULT_PD_POLICY, PD_POLICIES
 
 FORWARDS_UNKNOWN_FLAGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-hybrid")
-    parser.add_argument("--pd-policy", default="per-group",
-                        choices=["legacy", "replay-slack", "exact", "per-group"])
+    parser.add_argument("--pd-policy", default=DEFAULT_PD_POLICY.value, choices=PD_POLICIES)
     parser.add_argument("--kv-transport", default="shm", choices=["shm", "tcp", "nixl", "mooncake"])
     parser.add_argument("--num-prefill", type=int, default=1)
     parser.add_argument("--num-decode", type=int, default=1)

@@ -88,6 +88,10 @@ class ModelRunner:
         return self.layout.geometry
 
     @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv.buffer
+
+    @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 

@@ -10,7 +10,7 @@ so a 0% hit rate is never a surprise.
 
 P/D hook (issue 5): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
 e.g. a `relaykv.transfer.PDConnector` over `engine.manager`, the runner's KV buffer
-`engine.executor.kv.buffer` and the transport named by `options.kv_transport`) together
+`engine.executor.kv_buffer` and the transport named by `options.kv_transport`) together
 with `options.role` / `pd_policy` / `kv_load_failure` / `kv_lease_seconds`. The factory puts
 role, policy and failure policy in the engine and scheduler configs (so the sizing caps count
 the P/D plan's retention), builds the engine, then calls the factory and attaches the
@@ -96,7 +96,7 @@ def assemble_engine(
 ) -> ServedEngine:
     """Size the pool, build the executor for it and the engine around it (see module doc)."""
     options.check()
-    if options.role != "colocated" and connector_factory is None:
+    if options.role.in_pd_pair and connector_factory is None:
         raise OptionError(
             "--role",
             f"role {options.role!r} needs a KV connector; this command has no P/D wiring "
@@ -109,12 +109,13 @@ def assemble_engine(
     max_model_len = resolve_max_model_len(options, model)
     num_blocks = pool_blocks(options, geometry)
     k = options.speculative_tokens
+    # The one CacheSizing of this engine: built and checked here, handed to the cache manager.
     sizing = CacheSizing.build(
         geometry,
         num_blocks,
         max_model_len,
         options.max_num_batched_tokens + k,
-        options.pd_policy if options.role != "colocated" else None,
+        options.pd_policy if options.role.in_pd_pair else None,
     )
     if not sizing.fits_at_startup():
         flag = "--num-blocks" if options.num_blocks is not None else "--kv-cache-memory"
@@ -128,8 +129,8 @@ def assemble_engine(
     executor = make_executor(num_blocks)
     if executor.num_speculative_tokens != k:
         raise RuntimeError(f"executor proposes {executor.num_speculative_tokens} tokens, not {k}")
-    if [(g.kind, g.block_size, g.window) for g in executor.geometry.groups] != [
-        (g.kind, g.block_size, g.window) for g in geometry.groups
+    if [(g.kind, g.block_size, g.parameter) for g in executor.geometry.groups] != [
+        (g.kind, g.block_size, g.parameter) for g in geometry.groups
     ]:
         raise RuntimeError("the executor's KV geometry differs from the planned one")
     config = EngineConfig(
@@ -145,6 +146,7 @@ def assemble_engine(
         role=options.role,
         pd_policy=options.pd_policy,
         model_name=options.served_model_name or model.name,
+        sizing=sizing,
     )
     engine = LLMEngine(
         executor,
@@ -153,7 +155,7 @@ def assemble_engine(
         eos_token_ids=model.eos_token_ids,
         vocab_size=model.vocab_size,
     )
-    if options.role != "colocated":
+    if options.role.in_pd_pair:
         assert connector_factory is not None
         engine.attach_connector(connector_factory(engine))
     chat = model.chat or ChatFormatter(model.tokenizer, None, model.bos_token_id)

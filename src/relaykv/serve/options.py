@@ -17,11 +17,12 @@ the engine (see `relaykv.serve.engine_factory`); without one the factory refuses
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from relaykv.engine import KV_LOAD_FAILURE_POLICIES, ROLES
-from relaykv.kvcache import PD_POLICIES
+from relaykv.engine import KV_LOAD_FAILURE_POLICIES
+from relaykv.kvcache import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
 from relaykv.kvcache.retention import RETENTION_HELP
 from relaykv.serve.sizes import format_bytes, parse_bytes
 
@@ -58,11 +59,18 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
     # P/D (see the module docstring).
-    role: str = "colocated"
-    pd_policy: str = "per-group"
+    role: Role = Role.COLOCATED
+    pd_policy: PDPolicy = DEFAULT_PD_POLICY
     kv_transport: str = "shm"  # relaykv.transfer transport name (shm, tcp, nixl, mooncake)
     kv_lease_seconds: float = 30.0  # P holds a request's blocks at most this long for D
     kv_load_failure: str = "recompute"  # D: recompute locally, or fail the request
+
+    def __post_init__(self) -> None:
+        # Where a --role / --pd-policy string becomes the enum every layer takes; a bad one
+        # stays a string for `check()` to report with its flag.
+        for name, enum in (("role", Role), ("pd_policy", PDPolicy)):
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, name, enum(getattr(self, name)))
 
     @property
     def pool_memory(self) -> int:
@@ -70,6 +78,15 @@ class EngineOptions:
 
     def check(self) -> None:
         """Checks that need no model; raises `OptionError`."""
+        for flag, value, enum in (
+            ("--role", self.role, Role),
+            ("--pd-policy", self.pd_policy, PDPolicy),
+        ):
+            if not isinstance(value, enum):
+                try:
+                    enum.parse(value)
+                except ValueError as exc:
+                    raise OptionError(flag, str(exc)) from None
         positive = {
             "--block-size": self.block_size,
             "--max-num-batched-tokens": self.max_num_batched_tokens,
@@ -98,10 +115,6 @@ class EngineOptions:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
         if self.dtype not in DTYPES:
             raise OptionError("--dtype", f"choose from {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.role not in ROLES:
-            raise OptionError("--role", f"choose from {', '.join(ROLES)}, got {self.role!r}")
-        if self.pd_policy not in PD_POLICIES:
-            raise OptionError("--pd-policy", f"choose from {', '.join(PD_POLICIES)}")
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
             raise OptionError(
                 "--kv-load-failure", f"choose from {', '.join(KV_LOAD_FAILURE_POLICIES)}"
@@ -179,14 +192,14 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
     pd.add_argument(
         "--role",
         choices=ROLES,
-        default="colocated",
+        default=Role.COLOCATED.value,
         help="colocated (default), or prefill / decode engine of a P/D pair",
     )
     pd.add_argument(
         "--pd-policy",
         choices=PD_POLICIES,
-        default="per-group",
-        help="which KV blocks move from P to D (KVCACHE.md §7)",
+        default=DEFAULT_PD_POLICY.value,
+        help="which KV blocks move from P to D (docs/design.md §7)",
     )
     pd.add_argument(
         "--kv-lease-seconds",
