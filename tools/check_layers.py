@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# Vendored copy of shared/tools/check_layers.py so CI (a clean clone) can run it.
-"""Check relaykv's import layering (see design/ARCHITECTURE.md).
+# relaykv's layering and import-circle check (docs/architecture.md); CI runs it.
+"""Check relaykv's import layering (see docs/architecture.md).
 
 Usage: check_layers.py [PROJECT_ROOT]   (default: current directory)
 Prints one line per import that goes against the layering, and one line per import circle

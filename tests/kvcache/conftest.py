@@ -85,5 +85,5 @@ class Driver:
 
 @pytest.fixture
 def worked_example() -> Geometry:
-    """KVCACHE.md §7: full(b=16) + sliding(b=16, W=128), draft in the sliding group."""
+    """docs/design.md §7: full(b=16) + sliding(b=16, W=128), draft in the sliding group."""
     return geometry("full:16", "sliding:16:128", draft=1)

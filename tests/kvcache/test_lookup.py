@@ -1,4 +1,4 @@
-"""The exact hybrid lookup against the brute-force oracle (KVCACHE.md §5)."""
+"""The exact hybrid lookup against the brute-force oracle (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Manager flows: admission, skipping, retention, P/D holds and loads (KVCACHE.md §3-§8)."""
+"""Manager flows: admission, skipping, retention, P/D holds and loads (docs/design.md §3-§8)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`relaykv cache-probe` output is byte-identical to the golden file recorded before the
-kvcache contract redesign (issue 9): the presets and 40 seeded random geometries, table and
+kvcache contract redesign (docs/design.md): the presets and 40 seeded random geometries, table and
 JSON, every policy. Regenerate only for an intended behaviour change:
 
     PYTHONPATH=src python tests/kvcache/test_probe_golden.py --write

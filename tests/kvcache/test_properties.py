@@ -1,4 +1,4 @@
-"""Random sequences of requests, frees, evictions and P/D loads (KVCACHE.md §3, §5, §7).
+"""Random sequences of requests, frees, evictions and P/D loads (docs/design.md §3, §5, §7).
 
 A state machine drives a prefill engine P and a decode engine D through the real managers with
 small pools (so allocation fails and blocks get evicted); after every step both invariant

@@ -3,7 +3,7 @@
 Each step: running requests first (decode tokens, with their draft tokens, then the next chunk
 of prompts already started), then new requests in arrival order while the token budget
 (`max_num_batched_tokens`) and the request cap (`max_num_seqs`) allow. Admission looks the
-prompt up in the cache and applies the sizing rule of KVCACHE.md §8 (the whole prompt must
+prompt up in the cache and applies the sizing rule of docs/design.md §8 (the whole prompt must
 fit under the per-group caps). When a running request cannot get blocks, the most recently
 admitted running request is preempted by recompute (its blocks return to the pool; its hashes
 stay, so it resumes from its own cached prefix).

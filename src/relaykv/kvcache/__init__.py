@@ -1,4 +1,4 @@
-"""relaykv.kvcache: the hybrid KV cache contract (design/KVCACHE.md). Never imports torch."""
+"""relaykv.kvcache: the hybrid KV cache contract (docs/design.md). Never imports torch."""
 
 from __future__ import annotations
 

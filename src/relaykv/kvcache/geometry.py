@@ -1,4 +1,4 @@
-"""KV cache geometry: groups, block sizes, windows, the draft flag (KVCACHE.md §1).
+"""KV cache geometry: groups, block sizes, windows, the draft flag (docs/design.md §1).
 
 A geometry is everything the cache needs to know about a model: which KV groups exist,
 their kind (`full`, `sliding(W)` or `chunked(C)`), their block size, and whether a group holds the
@@ -86,7 +86,7 @@ class GroupSpec:
 class Geometry:
     """The groups of a model's KV cache plus the speculative-decoding settings.
 
-    `eagle` turns on the EAGLE rules of KVCACHE.md §4. It is implied by any draft group;
+    `eagle` turns on the EAGLE rules of docs/design.md §4. It is implied by any draft group;
     if it is set and no group is marked draft, every group counts as marked (§4).
     """
 
@@ -174,7 +174,7 @@ GROUP_SYNTAX = "full:BLOCK or sliding:BLOCK:WINDOW or chunked:BLOCK:CHUNK"
 
 def _gpt_oss_like() -> Geometry:
     # Alternating full and sliding(W=128) layers, one block size; the EAGLE3 draft layer is
-    # a full-attention layer, so it joins the full group (KVCACHE.md §1).
+    # a full-attention layer, so it joins the full group (docs/design.md §1).
     return Geometry(
         (
             GroupSpec("full", 16, draft=True, num_layers=12),

@@ -1,4 +1,4 @@
-"""Deterministic chained block hashes (KVCACHE.md §2).
+"""Deterministic chained block hashes (docs/design.md §2).
 
 `h_k = H(h_{k-1} || extra_k || tokens[k*u:(k+1)*u])` over hash units of `u` tokens, with a fixed
 seed for `h_{-1}`, so equal hashes mean equal whole prefixes in every process and on every

@@ -1,4 +1,4 @@
-"""The invariant checker of a cache manager (KVCACHE.md §3, §7). Tests run it after every step.
+"""The invariant checker of a cache manager (docs/design.md §3, §7). Tests run it after every step.
 
 Beyond the pool's own checks (`BlockPool.check`), it verifies that the manager's view agrees
 with the pool's: every block's reference count equals the number of live block-table entries

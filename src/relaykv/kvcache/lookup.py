@@ -1,4 +1,4 @@
-"""The exact hybrid lookup: the largest resume point every group can serve (KVCACHE.md §5).
+"""The exact hybrid lookup: the largest resume point every group can serve (docs/design.md §5).
 
 A resume point r is valid when r is a multiple of A, r <= N-1, and every group holds
 `needed(r)` (§4, EAGLE peek included). Prefix-closed (full) groups are downward closed, so

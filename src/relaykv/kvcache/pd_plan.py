@@ -1,7 +1,7 @@
 """The P/D plan: which blocks a decode engine holds after receiving an N-token prompt (§7).
 
 ONE function, `pd_plan(geometry, policy, N)`, answers it. Everything else derives from its
-result, never from a formula of its own (KVCACHE.md §7: two separate computations disagree at
+result, never from a formula of its own (docs/design.md §7: two separate computations disagree at
 some `N mod b`):
 
 * P's retention: P keeps exactly `held[g]` of each group until D has read it;
@@ -26,7 +26,7 @@ Full groups always hold `[0, cdiv(N, b))`.
 `legacy` reproduces vLLM 0.33.0's decode side (the hit collapse of §7), with one deliberate
 difference: 0.33.0 materializes positions `>= N-W+1`, which drops the block holding token N-W
 when `N-W+1` is a multiple of b although recomputing N-1 reads it (a wrong-output bug, see the
-vLLM reference §11). relaykv's legacy keeps that block, so every policy produces correct tokens
+docs/design.md §7). relaykv's legacy keeps that block, so every policy produces correct tokens
 and the comparison measures cache behaviour only.
 """
 

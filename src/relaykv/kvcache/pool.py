@@ -1,4 +1,4 @@
-"""The shared block pool: reference counts, the free queue, and the hash maps (KVCACHE.md §3).
+"""The shared block pool: reference counts, the free queue, and the hash maps (docs/design.md §3).
 
 One pool serves every group; a block id is a page in whichever group owns it. Block 0 is the
 null block: a placeholder in block tables, never allocated, freed, counted, touched or cached.

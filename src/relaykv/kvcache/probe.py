@@ -1,4 +1,4 @@
-"""`cache-probe`: what will my hit be? The cache alone, no model (KVCACHE.md §5-§7).
+"""`cache-probe`: what will my hit be? The cache alone, no model (docs/design.md §5-§7).
 
 A prefill engine P prefills a prompt of N tokens and a decode engine D receives it under a P/D
 policy; then three follow-ups arrive, each prefilled on P and decoded on D: `resend` (the same

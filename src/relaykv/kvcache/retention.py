@@ -1,4 +1,4 @@
-"""Replay boundaries and the sliding-window retention policies (KVCACHE.md §6).
+"""Replay boundaries and the sliding-window retention policies (docs/design.md §6).
 
 Full groups hash every full block. A sliding group hashes only the windows a later lookup
 can land on; which ones is the retention policy:

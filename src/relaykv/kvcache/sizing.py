@@ -1,4 +1,4 @@
-"""Sizing and admission: one per-request block cap for startup and run time (KVCACHE.md §8).
+"""Sizing and admission: one per-request block cap for startup and run time (docs/design.md §8).
 
 The most blocks a running request can hold in a group is `GroupRules.worst_case_blocks`
 (sliding: `cdiv(min(W - 1 + slack + in_flight_tokens, max_model_len), b) + 1`; full:

@@ -1,4 +1,4 @@
-"""KV geometry derived from a model config (KVCACHE.md §1, HELPER_GUIDE "Geometry").
+"""KV geometry derived from a model config (docs/design.md §1).
 
 Rules:
 * layers with the same attention kind, window and head shape share one group (one block

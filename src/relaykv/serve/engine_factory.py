@@ -3,12 +3,12 @@
 `build_engine(options)` loads the model (`relaykv.serve.model_loading`) and calls
 `assemble_engine`, which is model-agnostic: given the model's description, its KV geometry
 and a function that builds the executor for a pool of N blocks, it sizes the pool
-(`--num-blocks`, or `--kv-cache-memory // geometry.block_bytes`, KVCACHE.md §8), checks
+(`--num-blocks`, or `--kv-cache-memory // geometry.block_bytes`, docs/design.md §8), checks
 that one request of `max_model_len` tokens fits, builds the engine and writes the startup
 summary (geometry, pool, per-request caps, maximum concurrency, shortest reusable prompt),
 so a 0% hit rate is never a surprise.
 
-P/D hook (issue 5): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
+P/D hook (docs/pd.md): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
 e.g. a `relaykv.transfer.PDConnector` over `engine.manager`, the runner's KV buffer
 `engine.executor.kv_buffer` and the transport named by `options.kv_transport`) together
 with `options.role` / `pd_policy` / `kv_load_failure` / `kv_lease_seconds`. The factory puts

@@ -1,8 +1,8 @@
 """`GET /metrics`: Prometheus text read from the engine at scrape time.
 
 A custom collector (no counters are kept twice): cache counters from
-`engine.manager.stats` (KVCACHE.md §9), request and latency figures from `engine.metrics`,
-queue sizes from the scheduler. Names are vLLM's (COMPAT.md) plus relaykv's own; every
+`engine.manager.stats` (docs/design.md §9), request and latency figures from `engine.metrics`,
+queue sizes from the scheduler. Names are vLLM's (docs/metrics.md) plus relaykv's own; every
 series has the label `model_name`. prometheus_client writes counters with a `_total` suffix
 (readers accept `name` and `name_total`). The engine thread updates plain integers and
 fixed bucket arrays while we read, so a scrape may be one event behind, never corrupt;

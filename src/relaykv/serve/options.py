@@ -6,7 +6,7 @@ exits 2). Checks that need the model (pool too small for `--max-model-len`, a re
 interval that is not a multiple of the alignment) happen in the factory and raise the same
 error.
 
-P/D (issue 5): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
+P/D (docs/pd.md): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
 `--kv-load-failure` and the transport's own flags (`relaykv.transfer.transport.registry`:
 `--kv-transport`, `--kv-transfer-host/-port/-timeout`); they land in `EngineOptions` (the
 transport flags stay on the namespace for `options_from_args`). A role other than
@@ -185,7 +185,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
-    """P/D flags (issue 5); colocated defaults. See the module docstring."""
+    """P/D flags (docs/pd.md); colocated defaults. See the module docstring."""
     from relaykv.transfer.transport.registry import add_transport_arguments
 
     pd = parser.add_argument_group("P/D disaggregation")

@@ -1,4 +1,4 @@
-"""The P/D connector: the engine's `KVConnector`, over a KV transport (KVCACHE.md §7).
+"""The P/D connector: the engine's `KVConnector`, over a KV transport (docs/design.md §7).
 
 On a prefill engine (P) a finished request's blocks go to `KVCacheManager.hold_for_transfer`,
 which keeps exactly what the P/D plan names; the transfer server is told that this request's

@@ -1,6 +1,6 @@
 """Page digests: the sender hashes what it reads, the receiver re-hashes what landed.
 
-xxh3-64 per page (HELPER_GUIDE lists xxhash as a core dependency). The receiver hashes
+xxh3-64 per page (xxhash is a core dependency, as for the cache keys). The receiver hashes
 the *destination* pages after they landed, so a wrong offset, a stale slot, a torn write
 or a short write all show up as a mismatch, whatever the transport did on the way.
 """
