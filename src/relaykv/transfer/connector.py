@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from relaykv.engine.request import Request
@@ -56,7 +57,10 @@ class PDConnector:
         options: TransportOptions | None = None,
         lease_seconds: float = 30.0,
         quarantine_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` measures leases, keep-alives and quarantines (tests pass a manual one; the
+        transport's own grant table reads lease deadlines on the same monotonic clock)."""
         if role not in ("prefill", "decode"):
             raise ValueError(f"a P/D connector needs role prefill or decode, got {role!r}")
         if lease_seconds <= 0:
@@ -66,6 +70,7 @@ class PDConnector:
         self.engine_id = engine_id
         self.lease_seconds = lease_seconds
         self.quarantine_seconds = quarantine_seconds
+        self.clock = clock
         self.layout = PageLayout.from_geometry(manager.geometry, manager.pool.num_blocks)
         self.server = None
         self.client = None
@@ -115,7 +120,7 @@ class PDConnector:
         assert self.server is not None and request.cache is not None
         held = self.manager.hold_for_transfer(request.cache)
         blocks = {g: [b for _, b in items] for g, items in enumerate(held) if items}
-        self.server.allow(request.request_id, blocks, time.monotonic() + self.lease_seconds)
+        self.server.allow(request.request_id, blocks, self.clock() + self.lease_seconds)
         self._held[request.request_id] = request.cache
         return {
             "do_remote_prefill": True,
@@ -163,7 +168,7 @@ class PDConnector:
     def keep_alive(self, waiting: list[Request]) -> None:
         """D: renew the leases of remote-prefill requests still waiting for admission."""
         assert self.client is not None
-        now = time.monotonic()
+        now = self.clock()
         alive = {}
         for request in waiting:
             params = request.kv_transfer_params or {}
@@ -186,11 +191,11 @@ class PDConnector:
                 if event.kind in ("read_ok", "read_failed", "released", "expired"):
                     self._release_held(event.request_id, expired=event.kind == "expired")
                 elif event.kind == "keepalive" and event.request_id in self._held:
-                    self.server.extend(event.request_id, time.monotonic() + self.lease_seconds)
+                    self.server.extend(event.request_id, self.clock() + self.lease_seconds)
         done: list[tuple[KVLoad, bool]] = []
         if self.client is None:
             return done
-        now = time.monotonic()
+        now = self.clock()
         for handle in self.client.completed():
             entry = self._reads.pop(handle.transfer_id, None)
             if entry is None:
