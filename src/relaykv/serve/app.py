@@ -24,10 +24,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from relaykv.api_errors import APIError, install_error_handlers
 from relaykv.engine import AsyncEngine
 from relaykv.serve import chat, completions
 from relaykv.serve.engine_factory import ServedEngine
-from relaykv.serve.errors import APIError, install_error_handlers
 from relaykv.serve.metrics import engine_registry
 from relaykv.serve.state import ServerState, server_state
 

@@ -17,9 +17,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from relaykv.api_errors import APIError, bad_request
 from relaykv.engine import RequestOutput
 from relaykv.serve.chat_template import ChatTemplateError
-from relaykv.serve.errors import APIError, bad_request
 from relaykv.serve.generation import (
     DONE,
     ClientGone,

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from relaykv.api_errors import APIError
 from relaykv.engine import RequestOutput
-from relaykv.serve.errors import APIError
 from relaykv.serve.generation import (
     DONE,
     ClientGone,

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from relaykv.api_errors import APIError, error_body
 from relaykv.engine import EngineDeadError, InvalidRequest, RequestOutput, SamplingParams
-from relaykv.serve.errors import APIError, error_body
 from relaykv.serve.state import ServerState
 from relaykv.steps import TokenLogprobs
 

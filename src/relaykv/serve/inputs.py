@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from relaykv.api_errors import APIError, bad_request, validation_error
 from relaykv.engine import SamplingParams
 from relaykv.serve.chat_template import TextTokenizer
-from relaykv.serve.errors import APIError, bad_request, validation_error
 from relaykv.serve.protocol import SamplingFields
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 
 from relaykv.bench.metrics import compute_metrics
-from relaykv.bench.report import (
+from relaykv.bench.serve.report import (
     HEADER,
     RunDescription,
     build_result,

@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from relaykv.serve.backends import BackendPool
-from relaykv.serve.router import Router, create_router_app
+from relaykv.router.backends import BackendPool
+from relaykv.router.relay import Router, create_router_app
 
 TRANSFER = {"do_remote_prefill": True, "remote_request_id": "p-1", "source": {}}
 

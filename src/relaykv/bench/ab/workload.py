@@ -17,8 +17,8 @@ from relaykv.bench.client import ApiTarget
 from relaykv.bench.datasets import prefix_repetition_requests
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
 from relaykv.bench.metrics import compute_metrics
-from relaykv.bench.report import RunDescription, build_result
 from relaykv.bench.runner import LoadShape, run_requests
+from relaykv.bench.serve.report import RunDescription, build_result
 from relaykv.bench.server_info import ServerError
 
 GROUP_PATTERN = re.compile(r"^c(\d+)/output(\d+):(\d+)$")

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from relaykv.bench.probe_cli import probe_router
+from relaykv.bench.probe.cli import probe_router
 from relaykv.engine import EngineConfig, LLMEngine, SamplingParams, SchedulerConfig
+from relaykv.launch.cluster import Cluster
 from relaykv.model import ModelRunner, load_model
-from relaykv.serve.launcher import Cluster
 from relaykv.transfer.transport import availability
 
 ENGINE_ARGS = ["--model", "tiny-hybrid", "--speculative-tokens", "2", "--num-blocks", "700",

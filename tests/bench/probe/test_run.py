@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from relaykv.bench.probe import probe_prompts
+from relaykv.bench.probe.run import probe_prompts
 from relaykv.cli import main
 from tests.bench.stub_cluster import BYTES_PER_TOKEN, EngineState, ServerThread
 

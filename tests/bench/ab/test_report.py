@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from relaykv.bench.ab_cli import parse_configs, parse_order, run_labels
-from relaykv.bench.ab_report import build_rows, change_pct, markdown_table, spread_pct
-from relaykv.bench.ab_workload import parse_group
+from relaykv.bench.ab.cli import parse_configs, parse_order, run_labels
+from relaykv.bench.ab.report import build_rows, change_pct, markdown_table, spread_pct
+from relaykv.bench.ab.workload import parse_group
 
 
 def record(label: str, config: str, throughput: float, local_hits: float | None) -> dict:

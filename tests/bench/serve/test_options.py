@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from relaykv.bench.serve_args import add_arguments
-from relaykv.bench.serve_options import (
+from relaykv.bench.serve.args import add_arguments
+from relaykv.bench.serve.options import (
     UsageError,
     base_url,
     choose_prompt_format,

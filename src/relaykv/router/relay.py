@@ -25,8 +25,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from relaykv.serve.backends import Backend, BackendPool
-from relaykv.serve.errors import APIError, error_body, install_error_handlers
+from relaykv.api_errors import APIError, error_body, install_error_handlers
+from relaykv.router.backends import Backend, BackendPool
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 
 from relaykv.cli import main
 
-STUB_UP = shlex.join([sys.executable, str(Path(__file__).with_name("stub_cluster.py"))])
+STUB_UP = shlex.join([sys.executable, str(Path(__file__).parent.parent / "stub_cluster.py")])
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

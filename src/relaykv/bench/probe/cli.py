@@ -10,7 +10,7 @@ import secrets
 import sys
 
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.probe import REPORTED, ProbeReport, probe_prompts, run_probe
+from relaykv.bench.probe.run import REPORTED, ProbeReport, probe_prompts, run_probe
 from relaykv.bench.server_info import ServerError, fetch_served_model
 
 DEFAULT_VOCAB_SIZE = 32000

@@ -22,14 +22,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from relaykv.bench.ab_plots import write_plots
-from relaykv.bench.ab_report import build_rows, markdown_table, write_tables
-from relaykv.bench.ab_workload import DEFAULT_GROUPS, Workload, parse_group, run_group
+from relaykv.bench.ab.cluster import ClusterProcess, ClusterStartError
+from relaykv.bench.ab.plots import write_plots
+from relaykv.bench.ab.report import build_rows, markdown_table, write_tables
+from relaykv.bench.ab.workload import DEFAULT_GROUPS, Workload, parse_group, run_group
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.cluster import ClusterProcess, ClusterStartError
 from relaykv.bench.datasets import DatasetError
 from relaykv.bench.engine_counters import ClusterUrls
-from relaykv.bench.probe import probe_prompts, run_probe
+from relaykv.bench.probe.run import probe_prompts, run_probe
 from relaykv.bench.server_info import ServerError, fetch_served_model
 
 PROG = "relaykv bench ab"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from relaykv.bench.cluster import ClusterProcess, ClusterStartError
+from relaykv.bench.ab.cluster import ClusterProcess, ClusterStartError
 
-STUB_UP = [sys.executable, str(Path(__file__).with_name("stub_cluster.py"))]
+STUB_UP = [sys.executable, str(Path(__file__).parent.parent / "stub_cluster.py")]
 
 
 def test_start_reads_the_json_line_and_sigterm_stops_it(tmp_path: Path) -> None:

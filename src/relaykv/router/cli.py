@@ -8,7 +8,7 @@ import os
 
 import uvicorn
 
-from relaykv.serve.router import Router, create_router_app
+from relaykv.router.relay import Router, create_router_app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from relaykv.serve.launcher import Cluster, ClusterError
+from relaykv.launch.cluster import Cluster, ClusterError
 
 FORWARDS_UNKNOWN_FLAGS = True
 

@@ -7,21 +7,14 @@ import asyncio
 import sys
 from pathlib import Path
 
-from relaykv.bench import serve_args
 from relaykv.bench.arrivals import distribution_name
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.datasets import DatasetError
 from relaykv.bench.datasets.text_prompts import PromptTokenizer, as_text_requests
 from relaykv.bench.metrics import compute_metrics
-from relaykv.bench.report import (
-    RunDescription,
-    build_result,
-    default_result_filename,
-    format_result_block,
-    write_result,
-)
 from relaykv.bench.runner import LoadShape, run_requests
-from relaykv.bench.serve_options import (
+from relaykv.bench.serve import args as serve_args
+from relaykv.bench.serve.options import (
     DEFAULT_VOCAB_SIZE,
     UsageError,
     apply_general_lengths,
@@ -38,6 +31,13 @@ from relaykv.bench.serve_options import (
     parse_metric_percentiles,
     parse_percentile_metrics,
     sampling_params,
+)
+from relaykv.bench.serve.report import (
+    RunDescription,
+    build_result,
+    default_result_filename,
+    format_result_block,
+    write_result,
 )
 from relaykv.bench.server_info import ServedModel, ServerError, fetch_served_model
 
