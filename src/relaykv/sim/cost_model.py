@@ -107,9 +107,7 @@ def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqSha
             df, db = _attention(model.draft, one)
             dflops = 2.0 * model.draft_params * len(one) + df
             dbytes = model.draft_params * model.dense_weight_bytes + db
-            draft_s = passes * (
-                hw.draft_pass_overhead_s + _combine(hw, tp, dflops, dbytes)
-            )
+            draft_s = passes * (hw.draft_pass_overhead_s + _combine(hw, tp, dflops, dbytes))
     allreduce_s = 0.0
     if tp > 1:
         size = tokens * model.hidden_size * 2.0

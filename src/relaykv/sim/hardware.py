@@ -49,6 +49,10 @@ class HardwareSpec:
     allreduce_latency_s: float = 40e-6
     draft_pass_overhead_s: float = 0.3e-3
     combine: str = "max"
+    # Engine defaults on this hardware: KV pool bytes per engine (0: memory * TP * 0.9 minus
+    # the weights) and the scheduler's token budget per step.
+    kv_cache_memory: float = 0.0
+    max_num_batched_tokens: int = 8192
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "hbm_bandwidth", "memory_bytes", "mfu", "mbu"):

@@ -48,7 +48,10 @@ def gemma3_270m() -> ModelSpec:
         active_params=268e6,
         hidden_size=640,
         vocab_size=262144,
-        layers=(_attn("sliding", 512, 15, 4, 1, 256, BF16), _attn("full", None, 3, 4, 1, 256, BF16)),
+        layers=(
+            _attn("sliding", 512, 15, 4, 1, 256, BF16),
+            _attn("full", None, 3, 4, 1, 256, BF16),
+        ),
         draft=_attn("full", None, 1, 4, 1, 256, BF16),
         draft_params=30e6,
     )
@@ -130,7 +133,9 @@ def model_spec(name: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ValueError(f"unknown model {name!r}: a preset ({', '.join(PRESETS)}) or a config.json")
+        raise ValueError(
+            f"unknown model {name!r}: a preset ({', '.join(PRESETS)}) or a config.json"
+        )
     return from_hf_config(json.loads(path.read_text()), name=path.parent.name or name)
 
 
@@ -159,7 +164,9 @@ def from_hf_config(raw: dict[str, Any], name: str = "hf-model") -> ModelSpec:
     if layers_n - n_sliding:
         kinds.append(_attn("full", None, layers_n - n_sliding, heads, kvh, hd, BF16))
     vocab = int(d["vocab_size"])
-    experts = int(d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts") or 0)
+    experts = int(
+        d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts") or 0
+    )
     per_tok = int(d.get("num_experts_per_tok") or d.get("experts_per_token") or 0)
     inter = int(d.get("moe_intermediate_size") or d.get("intermediate_size") or 4 * hidden)
     attn = hidden * hd * (2 * heads + 2 * kvh)
