@@ -66,6 +66,7 @@ def test_detokenize_round_trips(http: httpx.Client) -> None:
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
         ("/tokenize", {"messages": CHAT, "add_special_tokens": True}, "add_special_tokens"),
+        ("/tokenize", {"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
         ("/v1/completions/render", {"prompt": "x" * 600, "max_tokens": 1}, "prompt"),
         ("/v1/completions/render", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
         ("/v1/completions/render", {"prompt": "hi", "n": 2}, "n"),

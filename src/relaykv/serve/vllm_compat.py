@@ -97,6 +97,8 @@ async def tokenize(request: Request) -> Response:
             "add_special_tokens",
         )
     return_strs = _flag(data, "return_token_strs", False)
+    if _flag(data, "continue_final_message", False):
+        raise bad_request("continue_final_message is not supported", "continue_final_message")
     if chat:
         chat_body = parse_body(await request.body(), ChatCompletionRequest)
         check_model(chat_body.model, state.model_name)
