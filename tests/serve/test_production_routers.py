@@ -33,8 +33,15 @@ from relaykv.launch.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.slow
 
-ENGINE_ARGS = ["--model", "tiny-hybrid", "--num-blocks", "600", "--max-model-len", "1024",
-               "--access-log"]
+ENGINE_ARGS = [
+    "--model",
+    "tiny-hybrid",
+    "--num-blocks",
+    "600",
+    "--max-model-len",
+    "1024",
+    "--access-log",
+]
 INSTALL = {
     "vllm-router": "pip install 'relaykv[vllm-router]'  (vllm-router==0.1.17)",
     "sglang-router": "pip install 'relaykv[sglang-router]'  (sglang-router==0.3.2)",
@@ -66,7 +73,9 @@ class Front:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*argv, "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                [*argv, "--port", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + 60
@@ -100,8 +109,9 @@ def _complete(url: str, path: str, body: dict) -> httpx.Response:
 
 def _stream_text(url: str, path: str, body: dict) -> tuple[str, list[dict]]:
     events = []
-    with httpx.stream("POST", f"{url}{path}", json={"model": "tiny-hybrid", **body,
-                      "stream": True}, timeout=120) as resp:
+    with httpx.stream(
+        "POST", f"{url}{path}", json={"model": "tiny-hybrid", **body, "stream": True}, timeout=120
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -109,22 +119,42 @@ def _stream_text(url: str, path: str, body: dict) -> tuple[str, list[dict]]:
             if line == "data: [DONE]":
                 events.append({"done": True})
     assert events[-1] == {"done": True}
-    parts = [c.get("text") or c.get("delta", {}).get("content") or ""
-             for e in events[:-1] for c in e.get("choices", [])]
+    parts = [
+        c.get("text") or c.get("delta", {}).get("content") or ""
+        for e in events[:-1]
+        for c in e.get("choices", [])
+    ]
     return "".join(parts), events
 
 
 def _probe(url: str, cluster: Cluster, seed: int, capsys: pytest.CaptureFixture[str]) -> dict:
-    assert main(["probe", "--url", url, *_pd(cluster), "--prefix-len", "256", "--suffix-len",
-                 "16", "--seed", str(seed), "--json", "--settle", "0.3"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "--url",
+                url,
+                *_pd(cluster),
+                "--prefix-len",
+                "256",
+                "--suffix-len",
+                "16",
+                "--seed",
+                str(seed),
+                "--json",
+                "--settle",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
 def _polls(log: Path, since: int) -> list[tuple[str, str, int]]:
     """(method, path, status) of every HTTP request an engine logged after byte `since`."""
     text = log.read_bytes()[since:].decode(errors="replace")
-    return [(m, p, int(s)) for m, p, s in
-            re.findall(r'"(GET|POST) (\S+) HTTP/1\.1" (\d{3})', text)]
+    return [(m, p, int(s)) for m, p, s in re.findall(r'"(GET|POST) (\S+) HTTP/1\.1" (\d{3})', text)]
 
 
 def test_behind_vllm_router(
@@ -133,21 +163,41 @@ def test_behind_vllm_router(
     binary = _binary("vllm-router")
     logs = [m.log_path for m in cluster.members if m.name != "router"]
     marks = [p.stat().st_size for p in logs]
-    front = Front([binary, "--vllm-pd-disaggregation", *_pd(cluster), "--policy", "cache_aware",
-                   "--prometheus-port", str(free_port()), "--health-check-endpoint",
-                   "/health_generate", "--health-check-interval-secs", "1"],
-                  tmp_path / "vllm-router.log")
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "cache_aware",
+            "--prometheus-port",
+            str(free_port()),
+            "--health-check-endpoint",
+            "/health_generate",
+            "--health-check-interval-secs",
+            "1",
+        ],
+        tmp_path / "vllm-router.log",
+    )
     try:
-        greedy = {"prompt": "The quick brown fox jumps over", "max_tokens": 8,
-                  "temperature": 0, "ignore_eos": True}
+        greedy = {
+            "prompt": "The quick brown fox jumps over",
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         ours = _complete(cluster.router.url, "/v1/completions", greedy).json()
         theirs = _complete(front.url, "/v1/completions", greedy)
         assert theirs.status_code == 200, theirs.text
         assert theirs.json()["choices"][0]["text"] == ours["choices"][0]["text"]
         text, _ = _stream_text(front.url, "/v1/completions", greedy)
         assert text == ours["choices"][0]["text"]
-        chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
-                "temperature": 0, "ignore_eos": True}
+        chat = {
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         ours_chat = _complete(cluster.router.url, "/v1/chat/completions", chat).json()
         theirs_chat = _complete(front.url, "/v1/chat/completions", chat)
         assert theirs_chat.status_code == 200, theirs_chat.text
@@ -164,9 +214,18 @@ def test_behind_vllm_router(
         time.sleep(1.5)  # at least one deep health check of each engine
     finally:
         front.stop()
-    front = Front([binary, "--vllm-pd-disaggregation", *_pd(cluster), "--policy",
-                   "power_of_two", "--prometheus-port", str(free_port())],
-                  tmp_path / "vllm-router-p2.log")
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "power_of_two",
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / "vllm-router-p2.log",
+    )
     try:
         assert _complete(front.url, "/v1/completions", greedy).status_code == 200
     finally:
@@ -175,8 +234,12 @@ def test_behind_vllm_router(
         polls = _polls(log, mark)
         assert [p for p in polls if p[2] >= 300] == [], log
         seen = {path.split("?")[0] for _, path, _ in polls}
-        assert {"/v1/completions/render", "/v1/chat/completions/render", "/health_generate",
-                "/get_load"} <= seen, (log, seen)
+        assert {
+            "/v1/completions/render",
+            "/v1/chat/completions/render",
+            "/health_generate",
+            "/get_load",
+        } <= seen, (log, seen)
 
 
 @pytest.mark.parametrize("name", ["sglang-router", "smg"])
@@ -185,10 +248,21 @@ def test_sglang_gateways_are_refused_and_nothing_is_computed(
 ) -> None:
     binary = _binary(name)
     engines = [*cluster.urls("prefill"), *cluster.urls("decode")]
-    front = Front([binary, "launch", "--pd-disaggregation", "--prefill",
-                   cluster.urls("prefill")[0], str(free_port()), "--decode",
-                   cluster.urls("decode")[0], "--prometheus-port", str(free_port())],
-                  tmp_path / f"{name}.log")
+    front = Front(
+        [
+            binary,
+            "launch",
+            "--pd-disaggregation",
+            "--prefill",
+            cluster.urls("prefill")[0],
+            str(free_port()),
+            "--decode",
+            cluster.urls("decode")[0],
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / f"{name}.log",
+    )
     try:
         import asyncio
 
