@@ -7,6 +7,9 @@ One tiny-hybrid P/D cluster (`relaykv up`'s members: prefill, decode, relaykv's 
   greedy tokens as through relaykv's router, every endpoint it polls answers 2xx (the
   engines' access logs), and the seed's probe through it reads the same decode-engine
   counters as through relaykv's router, including the sibling's prefix reused on D.
+* vllm-router with `kv_aware`, fed by the prefill engine's KV events (`--pd-kv-events`,
+  static, as its P/D mode requires): the same requests succeed, every poll answers 2xx, and
+  D reuses the sibling's prefix (skipped where `relaykv serve --kv-events-config` is absent).
 * sglang-router and smg in P/D mode: every request is refused with a 400 naming SGLang's
   bootstrap mode, and neither engine computes a single prompt token of it.
 
@@ -15,6 +18,7 @@ Each router is skipped, with its install command as the reason, when it is not i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -56,10 +60,25 @@ def _binary(name: str) -> str:
     return found
 
 
+# KV events come with issue 12 (`relaykv serve --kv-events-config`); older trees skip that test.
+KV_EVENTS = importlib.util.find_spec("relaykv.serve.kv_events_config") is not None
+
+
+def _events_args(port: int) -> list[str]:
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+    return ["--kv-events-config", json.dumps(config)] if KV_EVENTS else []
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(engine_args=ENGINE_ARGS)
+    event_ports = {"prefill": free_port(), "decode": free_port()}
+    c = Cluster(
+        engine_args=ENGINE_ARGS,
+        prefill_args=_events_args(event_ports["prefill"]),
+        decode_args=_events_args(event_ports["decode"]),
+    )
     c.start(timeout=300)
+    c.event_ports = event_ports  # type: ignore[attr-defined]
     yield c
     c.stop()
 
@@ -157,6 +176,45 @@ def _polls(log: Path, since: int) -> list[tuple[str, str, int]]:
     return [(m, p, int(s)) for m, p, s in re.findall(r'"(GET|POST) (\S+) HTTP/1\.1" (\d{3})', text)]
 
 
+GREEDY = {
+    "prompt": "The quick brown fox jumps over",
+    "max_tokens": 8,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+CHAT = {
+    "messages": [{"role": "user", "content": "hello"}],
+    "max_tokens": 6,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+
+
+def _requests_match_relaykv_router(cluster: Cluster, front: Front) -> None:
+    """Plain, streaming and chat requests through `front` give relaykv's router's tokens."""
+    ours = _complete(cluster.router.url, "/v1/completions", GREEDY).json()
+    theirs = _complete(front.url, "/v1/completions", GREEDY)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["choices"][0]["text"] == ours["choices"][0]["text"]
+    text, _ = _stream_text(front.url, "/v1/completions", GREEDY)
+    assert text == ours["choices"][0]["text"]
+    ours_chat = _complete(cluster.router.url, "/v1/chat/completions", CHAT).json()
+    theirs_chat = _complete(front.url, "/v1/chat/completions", CHAT)
+    assert theirs_chat.status_code == 200, theirs_chat.text
+    expected = ours_chat["choices"][0]["message"]["content"]
+    assert theirs_chat.json()["choices"][0]["message"]["content"] == expected
+    assert _stream_text(front.url, "/v1/chat/completions", CHAT)[0] == expected
+
+
+def _polls_all_answered(logs: list[Path], marks: list[int], expected: list[set[str]]) -> None:
+    """Every request the engines logged since `marks` got a 2xx; each saw its `expected`."""
+    for log, mark, paths in zip(logs, marks, expected, strict=True):
+        polls = _polls(log, mark)
+        assert [p for p in polls if p[2] >= 300] == [], log
+        seen = {path.split("?")[0] for _, path, _ in polls}
+        assert paths <= seen, (log, seen)
+
+
 def test_behind_vllm_router(
     cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,31 +238,7 @@ def test_behind_vllm_router(
         tmp_path / "vllm-router.log",
     )
     try:
-        greedy = {
-            "prompt": "The quick brown fox jumps over",
-            "max_tokens": 8,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        ours = _complete(cluster.router.url, "/v1/completions", greedy).json()
-        theirs = _complete(front.url, "/v1/completions", greedy)
-        assert theirs.status_code == 200, theirs.text
-        assert theirs.json()["choices"][0]["text"] == ours["choices"][0]["text"]
-        text, _ = _stream_text(front.url, "/v1/completions", greedy)
-        assert text == ours["choices"][0]["text"]
-        chat = {
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 6,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        ours_chat = _complete(cluster.router.url, "/v1/chat/completions", chat).json()
-        theirs_chat = _complete(front.url, "/v1/chat/completions", chat)
-        assert theirs_chat.status_code == 200, theirs_chat.text
-        expected = ours_chat["choices"][0]["message"]["content"]
-        assert theirs_chat.json()["choices"][0]["message"]["content"] == expected
-        assert _stream_text(front.url, "/v1/chat/completions", chat)[0] == expected
-
+        _requests_match_relaykv_router(cluster, front)
         # the seed's probe: same decode-engine counters as through relaykv's router
         through_ours = _probe(cluster.router.url, cluster, 11, capsys)
         through_vllm_router = _probe(front.url, cluster, 12, capsys)
@@ -227,19 +261,57 @@ def test_behind_vllm_router(
         tmp_path / "vllm-router-p2.log",
     )
     try:
-        assert _complete(front.url, "/v1/completions", greedy).status_code == 200
+        assert _complete(front.url, "/v1/completions", GREEDY).status_code == 200
     finally:
         front.stop()
-    for log, mark in zip(logs, marks, strict=True):
-        polls = _polls(log, mark)
-        assert [p for p in polls if p[2] >= 300] == [], log
-        seen = {path.split("?")[0] for _, path, _ in polls}
-        assert {
-            "/v1/completions/render",
-            "/v1/chat/completions/render",
-            "/health_generate",
-            "/get_load",
-        } <= seen, (log, seen)
+    polled = {
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/health_generate",
+        "/get_load",
+    }
+    _polls_all_answered(logs, marks, [polled, polled])
+
+
+def test_behind_vllm_router_kv_aware_fed_by_relaykv_events(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = _binary("vllm-router")
+    if not KV_EVENTS:
+        pytest.skip("this tree has no KV events (relaykv serve --kv-events-config, issue 12)")
+    prefill = cluster.urls("prefill")[0]
+    events = f"tcp://127.0.0.1:{cluster.event_ports['prefill']}"  # type: ignore[attr-defined]
+    logs = [m.log_path for m in cluster.members if m.name != "router"]
+    marks = [p.stat().st_size for p in logs]
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "kv_aware",
+            "--pd-kv-events",
+            f"{prefill}={events}",
+            "--kv-event-model",
+            "tiny-hybrid",
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / "vllm-router-kv.log",
+    )
+    try:
+        _requests_match_relaykv_router(cluster, front)
+        through_ours = _probe(cluster.router.url, cluster, 21, capsys)
+        through_vllm_router = _probe(front.url, cluster, 22, capsys)
+        assert through_vllm_router == through_ours
+        assert through_vllm_router["phases"][1]["local_hit_tokens"] >= 2 * 256
+    finally:
+        front.stop()
+    assert f"kv_index subscriber for {prefill} rank0 on {events}" in re.sub(
+        r"\x1b\[[0-9;]*m", "", front.log.read_text(errors="replace")
+    )
+    # kv_aware renders on the prefill side only (decode placement is load/affinity based)
+    _polls_all_answered(logs, marks, [{"/v1/chat/completions/render"}, set()])
 
 
 @pytest.mark.parametrize("name", ["sglang-router", "smg"])
