@@ -265,14 +265,15 @@ class DecodeLoads:
                 continue
             keys = req.keys(rule.index)
             mask = load.plan.cache_mask(rule, m.retention, load.junction)
-            m.pool.cache_blocks(
-                rule.index,
-                (
-                    (block, keys[k])
-                    for k, block in items
-                    if k < len(keys) and (mask is None or k in mask)
-                ),
-            )
+            with m.publishing(req, min(k for k, _ in items)):
+                m.pool.cache_blocks(
+                    rule.index,
+                    (
+                        (block, keys[k])
+                        for k, block in items
+                        if k < len(keys) and (mask is None or k in mask)
+                    ),
+                )
 
     def _mark_cached(self, load: KVLoad) -> None:
         # The prompt's full blocks have all been considered for hashing; later `cache`

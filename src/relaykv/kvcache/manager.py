@@ -27,7 +27,7 @@ from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import SlidingWindowGroup, rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole
 from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries, sliding_mask
 from relaykv.kvcache.sizing import CacheSizing
@@ -60,7 +60,10 @@ class KVCacheManager:
             else parse_retention(retention, geometry.alignment)
         )
         self.pd_policy = pd_policy
-        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching, on_event)
+        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching)
+        self._event_sink: EventSink | None = None
+        self._event_source: tuple[CacheRequest, int] | None = None  # (request, lowest index)
+        self.set_event_sink(on_event)
         self.sizing = CacheSizing.build(
             geometry,
             num_blocks,
@@ -71,6 +74,36 @@ class KVCacheManager:
         self.stats = CacheStats(geometry.num_groups)
         self.requests: dict[str, CacheRequest] = {}
         self.loads = DecodeLoads(self)
+
+    # -- KV events (docs/kv-events.md) ------------------------------------------------
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Send the pool's events to `sink`; stored ones carry parent key and token ids."""
+        self._event_sink = sink
+        self.pool.on_event = None if sink is None else self._emit
+
+    def publishing(self, req: CacheRequest, lowest_index: int) -> _EventSource:
+        """Name the request whose blocks (from `lowest_index` on) the pool is about to store."""
+        return _EventSource(self, req, lowest_index)
+
+    def _emit(self, event: KVEvent) -> None:
+        source = self._event_source
+        if event.kind == "stored" and source is not None:
+            req, lo = source
+            table = req.tables[event.group]
+            wanted = set(event.block_ids)
+            where = {b: k for k, b in enumerate(table[lo:], lo) if b in wanted}
+            ks = [where[b] for b in event.block_ids if b in where]
+            if len(ks) == len(event.block_ids):
+                size = self.rules[event.group].block_size
+                tokens = req.tokens
+                token_ids = tuple(t for k in ks for t in tokens[k * size : (k + 1) * size])
+                keys = req.keys(event.group)
+                parent = keys[ks[0] - 1] if ks[0] > 0 else None
+                event = KVEvent(
+                    "stored", event.group, event.keys, event.block_ids, parent, token_ids
+                )
+        assert self._event_sink is not None
+        self._event_sink(event)
 
     # -- requests ------------------------------------------------------------------
     def add_request(
@@ -195,10 +228,11 @@ class KVCacheManager:
                 mask = sliding_mask(
                     rule, self.retention, self.boundaries(req), req.junction, horizon
                 )
-            self.pool.cache_blocks(
-                g,
-                ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
-            )
+            with self.publishing(req, start):
+                self.pool.cache_blocks(
+                    g,
+                    ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
+                )
             req.num_cached_blocks[g] = end
 
     def boundaries(self, req: CacheRequest) -> tuple[int, ...]:
@@ -278,3 +312,18 @@ class KVCacheManager:
             held.append([(i, table[i]) for i in keep])
         self.pool.free(extra)
         return held
+
+
+class _EventSource:
+    """Context in which the pool's stored events belong to one request (see `_emit`)."""
+
+    __slots__ = ("lowest", "manager", "req")
+
+    def __init__(self, manager: KVCacheManager, req: CacheRequest, lowest: int) -> None:
+        self.manager, self.req, self.lowest = manager, req, lowest
+
+    def __enter__(self) -> None:
+        self.manager._event_source = (self.req, self.lowest)
+
+    def __exit__(self, *exc: object) -> None:
+        self.manager._event_source = None
