@@ -24,7 +24,7 @@ import numpy as np
 
 from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import SlidingWindowGroup, rules_for
+from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
@@ -137,15 +137,7 @@ class KVCacheManager:
         return hit
 
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
-        # A prefill engine must end up holding every block its P/D plan names; blocks below
-        # a local hit's window are nulls, so the hit may not start above the plan's floor.
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
-        cap = req.num_tokens
-        for rule in self.rules:
-            if isinstance(rule, SlidingWindowGroup):
-                first = plan.held[rule.index].start
-                cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
-        return cap
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
 
     def blocks_needed(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
         """Free blocks an `allocate(req, num_tokens, hit)` would consume (touched idle hits
@@ -312,6 +304,21 @@ class KVCacheManager:
             held.append([(i, table[i]) for i in keep])
         self.pool.free(extra)
         return held
+
+
+def prefill_hit_cap(
+    geometry: Geometry, rules: tuple[GroupRules, ...], pd_policy: str, req: CacheRequest
+) -> int:
+    """The largest local hit a prefill engine may take (also what a router scores it by)."""
+    # A prefill engine must end up holding every block its P/D plan names; blocks below
+    # a local hit's window are nulls, so the hit may not start above the plan's floor.
+    plan = pd_plan(geometry, pd_policy, req.num_prompt_tokens)
+    cap = req.num_tokens
+    for rule in rules:
+        if isinstance(rule, SlidingWindowGroup):
+            first = plan.held[rule.index].start
+            cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
+    return cap
 
 
 class _EventSource:

@@ -4,8 +4,8 @@ A router scores an engine with kvcache's own lookup over an index of the engine'
 (docs/routing.md), so it needs the engine's cache geometry (groups, block sizes, windows,
 draft groups, EAGLE mode), its P/D role and policy, where its KV events are published, a
 per-process `instance` id (a restarted engine has a new one, so its old index is dropped),
-and its tokenizer as `tokenizers` JSON (so text prompts hash to the same blocks). The route
-sits under `/v1`, behind the API key.
+and, at `/v1/kv_cache_info/tokenizer`, its tokenizer as `tokenizers` JSON (so text prompts
+hash to the same blocks). Both sit under `/v1`, behind the API key.
 """
 
 from __future__ import annotations
@@ -86,10 +86,14 @@ def install_kv_cache_info(
 
     router = APIRouter()
 
-    @router.get("/v1/kv_cache_info")
-    async def kv_cache_info() -> dict[str, Any]:
+    @router.get("/v1/kv_cache_info/tokenizer")
+    async def kv_cache_tokenizer() -> dict[str, Any] | None:
         if not cached_tokenizer:
             cached_tokenizer.append(tokenizer_json(served))
+        return cached_tokenizer[0]
+
+    @router.get("/v1/kv_cache_info")
+    async def kv_cache_info() -> dict[str, Any]:
         return {
             "instance": INSTANCE,
             "model": served.served_model_name,
@@ -98,7 +102,6 @@ def install_kv_cache_info(
             "geometry": geometry_json(manager.geometry),
             "num_blocks": manager.pool.num_usable,
             "kv_events": publisher.describe() if publisher is not None else None,
-            "tokenizer": cached_tokenizer[0],
         }
 
     app.include_router(router)

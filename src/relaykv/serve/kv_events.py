@@ -133,8 +133,10 @@ class ZmqEventPublisher:
 
     @staticmethod
     def _open(sock: zmq.Socket, endpoint: str, bind: bool | None = None) -> str:
+        if bind is None:
+            bind = binds(endpoint)  # decided on the endpoint as given (vLLM's rule)
         endpoint = loopback_default(endpoint)
-        if bind if bind is not None else binds(endpoint):
+        if bind:
             sock.bind(endpoint)
             last = sock.getsockopt(zmq.LAST_ENDPOINT)
             return last.decode() if isinstance(last, bytes) else str(last)
