@@ -12,13 +12,18 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "relaykv"
 ALLOWED_DIRS = ("kvcache/groups/", "model/attention/")
-# Files that turn a MODEL's layer types into group kinds or build its dense attention mask:
-# the model's side of the contract, not a cache rule.
+# Lines that turn a MODEL's layer types into group kinds, build its dense attention mask, or
+# price its attention reads (the simulator's cost model): the model's side of the contract,
+# not a cache rule.
 ALLOWED_LINES = {
     ("model/kv_layout.py", "if draft.window else"),
     ("model/kv_layout.py", "if window else"),
     ("model/kv_layout.py", 'k[0] == "full"'),
     ("model/forward_context.py", "pos[:, None] - window"),
+    ("sim/models.py", 'k[0] == "full"'),
+    ("sim/cost_model.py", "return window * new"),
+    ("sim/cost_model.py", "below = (lo + window) * (window - lo + 1) // 2"),
+    ("sim/cost_model.py", "return below + window * (hi - window)"),
 }
 KINDS = r"(full|sliding|chunked)"
 PATTERNS = [

@@ -22,6 +22,8 @@ Safety rules (§7):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
@@ -30,6 +32,8 @@ from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
 from relaykv.kvcache.request import CacheRequest, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention
 from relaykv.kvcache.stats import CacheStats
+
+Publishing = Callable[[CacheRequest, int], AbstractContextManager[object]]
 
 
 class DecodeLoads:
@@ -42,8 +46,12 @@ class DecodeLoads:
         stats: CacheStats,
         retention: Retention,
         hash_unit: int,
+        publishing: Publishing | None = None,
     ) -> None:
+        """`publishing(req, lowest_index)` names the request whose received blocks the pool
+        is about to key (the manager's KV events carry their parent key and tokens)."""
         self.pool = pool
+        self.publishing: Publishing = publishing or (lambda req, lowest: nullcontext())
         self.rules = rules
         self.stats = stats
         self.retention = retention
@@ -129,36 +137,10 @@ class DecodeLoads:
         return load
 
     def _reusable(self, req: CacheRequest, rule: GroupRules, held: range) -> dict[int, int]:
-        """Per-group reuse: each held block D holds by hash (§7 `per-group`).
-
-        In a draft group under the EAGLE drop a block's draft KV depends on the token after
-        it, so it is reused only when the next block is held too (the peek, per block).
-        """
-        keys = req.keys(rule.index)
-        gmap = self.pool.maps[rule.index]
-        out: dict[int, int] = {}
-        for k in held:
-            if k >= len(keys):
-                break
-            block = gmap.get(keys[k])
-            if block is None:
-                continue
-            if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
-                continue
-            out[k] = block
-        return out
+        return reusable_blocks(req, rule, self.pool.maps[rule.index], held)
 
     def _tokens_local_everywhere(self, local: list[dict[int, int]], n: int) -> int:
-        """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
-        groups if none)."""
-        rules = [r for r in self.rules if r.prefix_closed] or list(self.rules)
-        unit = self.hash_unit
-        count = 0
-        for j in range(n // unit):
-            p = j * unit
-            if all(p // r.block_size in local[r.index] for r in rules):
-                count += unit
-        return min(count, n - 1)
+        return tokens_local_everywhere(self.rules, self.hash_unit, local, n)
 
     def _record(self, load: KVLoad) -> None:
         stats = self.stats
@@ -224,14 +206,15 @@ class DecodeLoads:
                 continue
             keys = req.keys(rule.index)
             mask = load.plan.cache_mask(rule, self.retention, load.junction)
-            self.pool.cache_blocks(
-                rule.index,
-                (
-                    (block, keys[k])
-                    for k, block in items
-                    if k < len(keys) and (mask is None or k in mask)
-                ),
-            )
+            with self.publishing(req, min(k for k, _ in items)):
+                self.pool.cache_blocks(
+                    rule.index,
+                    (
+                        (block, keys[k])
+                        for k, block in items
+                        if k < len(keys) and (mask is None or k in mask)
+                    ),
+                )
 
     def _mark_cached(self, load: KVLoad) -> None:
         # The prompt's full blocks have all been considered for hashing; later `cache`
@@ -261,3 +244,40 @@ class DecodeLoads:
             return True
         self._drop(load)
         return False
+
+
+def reusable_blocks(
+    req: CacheRequest, rule: GroupRules, gmap: Mapping[bytes, int], held: range
+) -> dict[int, int]:
+    """Per-group reuse: each held block cached in `gmap` by key (§7 `per-group`); also how a
+    router scores a decode engine.
+
+    In a draft group under the EAGLE drop a block's draft KV depends on the token after
+    it, so it is reused only when the next block is held too (the peek, per block).
+    """
+    keys = req.keys(rule.index)
+    out: dict[int, int] = {}
+    for k in held:
+        if k >= len(keys):
+            break
+        block = gmap.get(keys[k])
+        if block is None:
+            continue
+        if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
+            continue
+        out[k] = block
+    return out
+
+
+def tokens_local_everywhere(
+    rules: Sequence[GroupRules], unit: int, local: list[dict[int, int]], n: int
+) -> int:
+    """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
+    groups if none)."""
+    closed = [r for r in rules if r.prefix_closed] or list(rules)
+    count = 0
+    for j in range(n // unit):
+        p = j * unit
+        if all(p // r.block_size in local[r.index] for r in closed):
+            count += unit
+    return min(count, n - 1)

@@ -38,11 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaykv.kvcache.decode_loads import DecodeLoads
+from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
-from relaykv.kvcache.pd_plan import pd_plan
+from relaykv.kvcache.pd_plan import pd_plan, prefill_hit_cap
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
@@ -87,7 +88,9 @@ class KVCacheManager:
             else parse_retention(retention, geometry.alignment)
         )
         self.pd_policy = PDPolicy.parse(pd_policy)
-        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching, on_event)
+        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching)
+        self.events = KVEventSource(self.pool, self.rules)
+        self.events.set_sink(on_event)
         if sizing is None:
             sizing = CacheSizing.build(
                 geometry,
@@ -102,8 +105,17 @@ class KVCacheManager:
         self.stats = CacheStats(geometry.num_groups)
         self.requests: dict[str, CacheRequest] = {}
         self.loads = DecodeLoads(
-            self.pool, self.rules, self.stats, self.retention, geometry.hash_unit
+            self.pool,
+            self.rules,
+            self.stats,
+            self.retention,
+            geometry.hash_unit,
+            self.events.publishing,
         )
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Send the pool's KV events to `sink` (docs/kv-events.md)."""
+        self.events.set_sink(sink)
 
     # -- the lifecycle --------------------------------------------------------------------
     def add_request(
@@ -229,15 +241,7 @@ class KVCacheManager:
         return hit
 
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
-        # A prefill engine must end up holding every block its P/D plan names; blocks below
-        # a local hit's window are nulls, so the hit may not start above the plan's floor.
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
-        cap = req.num_tokens
-        for rule in self.rules:
-            rule_cap = rule.hit_cap_for_floor(plan.held[rule.index].start)
-            if rule_cap is not None:
-                cap = min(cap, rule_cap)
-        return cap
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
 
     def blocks_needed(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
         """Free blocks an `allocate(req, num_tokens, hit)` would consume (touched idle hits
@@ -317,10 +321,11 @@ class KVCacheManager:
                 # so the mask must already name the windows of points a little beyond `upto`
                 # (chunked prefill, §6): every point up to the rule's hash horizon.
                 mask = hash_mask(rule, self.retention, self.boundaries(req), req.junction, horizon)
-            self.pool.cache_blocks(
-                g,
-                ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
-            )
+            with self.events.publishing(req, start):
+                self.pool.cache_blocks(
+                    g,
+                    ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
+                )
             req.num_cached_blocks[g] = end
 
     def boundaries(self, req: CacheRequest) -> tuple[int, ...]:
@@ -387,3 +392,6 @@ class KVCacheManager:
             held.append([(i, table[i]) for i in keep])
         self.pool.free(extra)
         return held
+
+
+__all__ = ["Admission", "KVCacheManager", "prefill_hit_cap"]

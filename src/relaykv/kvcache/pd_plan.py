@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import GroupRules, rules_for
@@ -128,3 +129,26 @@ def pd_slack_tokens(geometry: Geometry, policy: PDPolicy) -> tuple[int, ...]:
             need = rule.slack_tokens(n - 1, plan.held[rule.index].start)
             slack[rule.index] = max(slack[rule.index], need)
     return tuple(slack)
+
+
+class _Prompted(Protocol):
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+def prefill_hit_cap(
+    geometry: Geometry, rules: tuple[GroupRules, ...], policy: PDPolicy, req: _Prompted
+) -> int:
+    """The largest local hit a prefill engine may take (also what a router scores it by):
+    it must end up holding every block its plan names, and blocks below a hit's needed
+    range are nulls, so no group's hit may start above the plan's first held block."""
+    plan = pd_plan(geometry, policy, req.num_prompt_tokens)
+    cap = req.num_tokens
+    for rule in rules:
+        rule_cap = rule.hit_cap_for_floor(plan.held[rule.index].start)
+        if rule_cap is not None:
+            cap = min(cap, rule_cap)
+    return cap
