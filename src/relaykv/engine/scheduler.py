@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
 from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
-from relaykv.steps import SequenceWork
+from relaykv.steps import SequenceOutput, SequenceWork
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
@@ -330,7 +331,7 @@ class Scheduler:
 
     # -- after a step ------------------------------------------------------------------
     def update(
-        self, scheduled: list[ScheduledSequence], outputs: list
+        self, scheduled: list[ScheduledSequence], outputs: Sequence[SequenceOutput]
     ) -> list[tuple[Request, list[int]]]:
         """Commit a step: advance positions, append sampled tokens up to a stop condition,
         hash what was written and slide the windows; finish requests that stopped.

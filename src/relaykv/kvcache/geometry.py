@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-GroupKind = Literal["full", "sliding", "chunked"]
 # kind -> the GroupSpec field holding its size parameter, and its letter in `describe()`.
 # What a kind MEANS (which blocks matter) lives in `relaykv.kvcache.groups`, one file per kind.
 KIND_PARAMETER: dict[str, tuple[str, str] | None] = {
@@ -38,7 +37,7 @@ class GroupSpec:
     group (K and V); it only matters for memory sizing, so cache-only tools may leave it 0.
     """
 
-    kind: GroupKind
+    kind: str  # a key of KIND_PARAMETER: full, sliding or chunked
     block_size: int
     window: int | None = None
     draft: bool = False
@@ -162,8 +161,12 @@ def parse_groups(text: str) -> tuple[GroupSpec, ...]:
             param = KIND_PARAMETER[fields[0]]
             if len(fields) != (2 if param is None else 3):
                 raise ValueError
-            extra = {} if param is None else {param[0]: int(fields[2])}
-            groups.append(GroupSpec(fields[0], int(fields[1]), **extra))  # type: ignore[arg-type]
+            size: dict[str, int | None] = {"window": None, "chunk": None}
+            if param is not None:
+                size[param[0]] = int(fields[2])
+            groups.append(
+                GroupSpec(fields[0], int(fields[1]), window=size["window"], chunk=size["chunk"])
+            )
         except ValueError as exc:
             raise ValueError(f"bad group {item.strip()!r}: expected {GROUP_SYNTAX}") from exc
     return tuple(groups)

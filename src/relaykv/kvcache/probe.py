@@ -150,5 +150,5 @@ def run_probe(
         "alignment": geometry.alignment,
         "pd_policy": policy,
         "colocated": probe_colocated(geometry, retention, prompts),
-        "decode": probe_decode(geometry, policy, retention, prompts),
+        "decode": probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
     }

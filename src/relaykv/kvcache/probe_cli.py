@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
 from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     return 0
 
 
-def format_table(geometry: Geometry, args: argparse.Namespace, results: list[dict]) -> str:
+def format_table(
+    geometry: Geometry, args: argparse.Namespace, results: list[dict[str, Any]]
+) -> str:
     colocated = results[0]["colocated"]
     lines = [
         f"geometry: {geometry.describe()}",

@@ -75,12 +75,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.json:
         print(json.dumps(info), flush=True)
     else:
-        print(f"router  {info['router']}\nprefill {' '.join(info['prefill'])}\n"
-              f"decode  {' '.join(info['decode'])}\n(Ctrl-C stops the cluster)", flush=True)
+        print(f"router  {info['router']}\nprefill {' '.join(cluster.urls('prefill'))}\n"
+              f"decode  {' '.join(cluster.urls('decode'))}\n(Ctrl-C stops the cluster)", flush=True)
     while not stop.wait(0.5):
         dead = [m for m in cluster.members if m.process and m.process.poll() is not None]
         if dead:
-            say(f"{dead[0].name} exited (status {dead[0].process.returncode}); stopping the cluster"
+            status = dead[0].process.returncode if dead[0].process else None
+            say(f"{dead[0].name} exited (status {status}); stopping the cluster"
                 f"\n{dead[0].log_tail()}")
             cluster.stop()
             return 1

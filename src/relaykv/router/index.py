@@ -26,7 +26,16 @@ from typing import Any
 
 import msgspec
 
-from relaykv.kvcache import CacheRequest, CacheRole, Geometry, GroupSpec, pd_plan, rules_for
+from relaykv.kvcache import (
+    DEFAULT_PD_POLICY,
+    CacheRequest,
+    CacheRole,
+    Geometry,
+    GroupSpec,
+    PDPolicy,
+    pd_plan,
+    rules_for,
+)
 from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import find_longest_hit
@@ -97,7 +106,7 @@ class EngineIndex:
 
     geometry: Geometry
     role: str = "colocated"  # prefill | decode | colocated: how the hit is scored
-    pd_policy: str = "per-group"
+    pd_policy: PDPolicy = DEFAULT_PD_POLICY
     maps: list[dict[bytes, int]] = field(default_factory=list)
     expected: int | None = None  # next sequence number; None until the first batch
     batches: int = 0
@@ -106,6 +115,7 @@ class EngineIndex:
     events_dropped: int = 0  # malformed batches or events for unknown groups
 
     def __post_init__(self) -> None:
+        self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]

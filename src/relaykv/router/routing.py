@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from relaykv.kvcache import CacheRequest
+from relaykv.kvcache import DEFAULT_PD_POLICY, CacheRequest, PDPolicy
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
@@ -173,13 +173,12 @@ class Routing:
         t.instance = info.get("instance")
         try:
             geometry = geometry_from_json(info.get("geometry") or {})
+            policy = PDPolicy.parse(str(info.get("pd_policy", DEFAULT_PD_POLICY)))
         except ValueError as exc:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
             t.index = None
             return
-        t.index = EngineIndex(
-            geometry, str(info.get("role", "colocated")), str(info.get("pd_policy", "per-group"))
-        )
+        t.index = EngineIndex(geometry, str(info.get("role", "colocated")), policy)
         events = info.get("kv_events")
         if self.mode != "cache-aware" or not isinstance(events, dict):
             return

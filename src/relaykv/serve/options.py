@@ -78,16 +78,16 @@ class EngineOptions:
 
     def check(self) -> None:
         """Checks that need no model; raises `OptionError`."""
-        for flag, value, enum in (
+        for flag, given, enum in (
             ("--role", self.role, Role),
             ("--pd-policy", self.pd_policy, PDPolicy),
         ):
-            if not isinstance(value, enum):
+            if not isinstance(given, enum):
                 try:
-                    enum.parse(value)
+                    enum.parse(given)
                 except ValueError as exc:
                     raise OptionError(flag, str(exc)) from None
-        positive = {
+        positive: dict[str, int] = {
             "--block-size": self.block_size,
             "--max-num-batched-tokens": self.max_num_batched_tokens,
             "--max-num-seqs": self.max_num_seqs,

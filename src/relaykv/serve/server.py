@@ -48,7 +48,7 @@ class DrainingServer(uvicorn.Server):
             if self.on_ready is not None:
                 self.on_ready(self.url)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # type: ignore[override]
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Deliberately not uvicorn's: no re-raise of the signal after shutdown (exit 0).
         if self._drain is not None or self._loop is None:
             if sig == signal.SIGINT or self._loop is None:

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -102,7 +103,9 @@ class TransferClient:
         self._ctx = context or zmq.Context.instance()
         self._submit: queue.SimpleQueue[_ReadJob | None] = queue.SimpleQueue()
         # (source, request id, message): fire-and-forget notes to a serving endpoint.
-        self._notes: queue.SimpleQueue[tuple[KVSourceDescriptor, object]] = queue.SimpleQueue()
+        self._notes: queue.SimpleQueue[tuple[KVSourceDescriptor, msgspec.Struct]] = (
+            queue.SimpleQueue()
+        )
         self._waiting: deque[_ReadJob] = deque()  # no plane resources yet
         self._jobs: dict[str, _ReadJob] = {}
         self._peers: dict[str, _Peer] = {}
@@ -171,7 +174,7 @@ class TransferClient:
         it (the request waits for admission). Fire and forget, like `release_remote`."""
         self._note(source, wire.KeepAlive(request_id))
 
-    def _note(self, source: KVSourceDescriptor, message: object) -> None:
+    def _note(self, source: KVSourceDescriptor, message: msgspec.Struct) -> None:
         if self._closed:
             raise RuntimeError("transfer client is closed")
         self._notes.put((source, message))
@@ -480,7 +483,7 @@ class TransferClient:
         if job.sent:
             self._plane.forget(tid, clean)
 
-    def _send(self, peer: _Peer, msg: object) -> None:
+    def _send(self, peer: _Peer, msg: msgspec.Struct) -> None:
         try:
             peer.sock.send(self._codec.encode(msg), zmq.NOBLOCK)
         except zmq.Again:

@@ -18,7 +18,7 @@ from relaykv.transfer.transport.layout import PageCopy
 
 def page_digest(data: np.ndarray | memoryview | bytes) -> int:
     """xxh3-64 of one page's bytes (contiguous)."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data)  # type: ignore[arg-type]  # numpy lacks Buffer stubs
 
 
 def source_digests(buffer: np.ndarray, pages: Sequence[PageCopy]) -> list[int]:

@@ -159,7 +159,7 @@ class MooncakeSender(SenderPlane):
             sources.append(addr)
             targets.append(sink.base + page.dst * sink.block_bytes)
             lengths.append(page.nbytes)
-        batch_ids = []
+        batch_ids: list[int] = []
         for source, target, length in zip(sources, targets, lengths, strict=True):
             batch_id = self._engine.transfer_submit_write(sink.session, source, target, length)
             if batch_id < 0:
