@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from relaykv.serve import sglang_bootstrap
 from relaykv.serve.options import (
     OptionError,
     add_engine_arguments,
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     server.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    sglang_bootstrap.add_arguments(parser)
 
 
 def say(line: str) -> None:
@@ -61,7 +63,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     try:
         options = engine_options(args)
+        bootstrap = sglang_bootstrap.config_from_args(args, options.role, options.kv_lease_seconds)
     except OptionError as exc:
+        parser.error(str(exc))
+    except ValueError as exc:
         parser.error(str(exc))
     from relaykv.serve.app import create_app
     from relaykv.serve.engine_factory import build_engine
@@ -79,6 +84,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         say(line)
     say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
+    sglang_bootstrap.install(app, bootstrap)
     return serve_app(
         app,
         args.host,
