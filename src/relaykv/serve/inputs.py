@@ -53,7 +53,8 @@ def _top(path: str) -> str | None:
     return path.split(".", 1)[0] or None
 
 
-def parse_body(raw: bytes, model: type[Body]) -> Body:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object whose numbers are finite and whose strings are text."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -61,6 +62,11 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     check_values(data)
+    return data
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
+    data = json_object(raw)
     try:
         body = model.model_validate(data)
     except ValidationError as exc:
