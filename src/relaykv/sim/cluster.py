@@ -43,6 +43,7 @@ class ClusterSpec:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "boundaries"
     request_overhead_s: float = 1e-3
+    prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
 
 
 @dataclass(slots=True)
@@ -102,6 +103,7 @@ class SimCluster:
             acceptance_rate=s.acceptance_rate,
         )
         config = EngineConfig(
+            enable_prefix_caching=s.prefill_prefix_caching or role != "prefill",
             num_blocks=s.num_blocks,
             scheduler=s.scheduler,
             retention=s.retention,

@@ -83,10 +83,26 @@ def _attention(kind: LayerKind, seqs: Sequence[SeqShape]) -> tuple[float, float]
     return flops * kind.num_layers, read * kind.num_layers
 
 
-def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqShape]) -> StepCost:
-    """The modelled duration of one step (the module docstring's formula)."""
-    if tp < 1:
-        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """The hardware-independent terms of a step (what calibration regresses on).
+
+    `flops` / `bytes`: the target + draft forward over the step's tokens; `passes`: draft
+    proposal passes (k when any sequence proposes); `pass_flops` / `pass_bytes`: one such
+    pass over every proposing sequence; `allreduce_bytes`: bytes of one all-reduce.
+    """
+
+    num_seqs: int
+    tokens: int
+    flops: float
+    bytes: float
+    passes: int
+    pass_flops: float
+    pass_bytes: float
+    allreduce_bytes: float
+
+
+def step_terms(model: ModelSpec, seqs: Sequence[SeqShape]) -> StepTerms:
     tokens = sum(s.new for s in seqs)
     flops = 2.0 * model.active_params * tokens
     nbytes = model.weight_bytes(tokens)
@@ -94,33 +110,49 @@ def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqSha
         f, b = _attention(kind, seqs)
         flops += f
         nbytes += b
-    draft_s = 0.0
-    proposing = [s for s in seqs if s.proposals]
+    passes, pass_flops, pass_bytes = 0, 0.0, 0.0
     if model.draft is not None and model.draft_params:
         flops += 2.0 * model.draft_params * tokens
         f, b = _attention(model.draft, seqs)
         flops += f
         nbytes += b
+        proposing = [s for s in seqs if s.proposals]
         if proposing:
             passes = max(s.proposals for s in proposing)
             one = [SeqShape(s.start + s.new, 1) for s in proposing]
             df, db = _attention(model.draft, one)
-            dflops = 2.0 * model.draft_params * len(one) + df
-            dbytes = model.draft_params * model.dense_weight_bytes + db
-            draft_s = passes * (hw.draft_pass_overhead_s + _combine(hw, tp, dflops, dbytes))
+            pass_flops = 2.0 * model.draft_params * len(one) + df
+            pass_bytes = model.draft_params * model.dense_weight_bytes + db
+    return StepTerms(
+        len(seqs),
+        tokens,
+        flops,
+        nbytes,
+        passes,
+        pass_flops,
+        pass_bytes,
+        tokens * model.hidden_size * 2.0,
+    )
+
+
+def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqShape]) -> StepCost:
+    """The modelled duration of one step (the module docstring's formula)."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    t = step_terms(model, seqs)
+    draft_s = t.passes * (hw.draft_pass_overhead_s + _combine(hw, tp, t.pass_flops, t.pass_bytes))
     allreduce_s = 0.0
     if tp > 1:
-        size = tokens * model.hidden_size * 2.0
-        per_call = 2.0 * (tp - 1) / tp * size / hw.interconnect_bandwidth + hw.allreduce_latency_s
-        allreduce_s = 2 * model.num_layers * per_call
+        ring = 2.0 * (tp - 1) / tp * t.allreduce_bytes / hw.interconnect_bandwidth
+        allreduce_s = 2 * model.num_layers * (ring + hw.allreduce_latency_s)
     seconds = (
         hw.step_overhead_s
-        + hw.per_sequence_overhead_s * len(seqs)
-        + _combine(hw, tp, flops, nbytes)
+        + hw.per_sequence_overhead_s * t.num_seqs
+        + _combine(hw, tp, t.flops, t.bytes)
         + allreduce_s
         + draft_s
     )
-    return StepCost(flops, nbytes, allreduce_s, draft_s, seconds)
+    return StepCost(t.flops, t.bytes, allreduce_s, draft_s, seconds)
 
 
 def _combine(hw: HardwareSpec, tp: int, flops: float, nbytes: float) -> float:

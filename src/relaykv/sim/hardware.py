@@ -109,9 +109,16 @@ LINKS: dict[str, LinkSpec] = {
 
 
 def link_spec(name: str) -> LinkSpec:
-    """A preset name or a bandwidth in Gb/s (`--link 200`)."""
+    """A preset name, a bandwidth in Gb/s (`--link 200`), or a calibration file's link
+    (a hardware preset name falls back to `rdma`)."""
     if name in LINKS:
         return LINKS[name]
+    if name in HARDWARE:
+        return LINKS["rdma"]
+    path = Path(name)
+    if path.is_file():
+        raw = json.loads(path.read_text()).get("link")
+        return LinkSpec(**raw) if raw else LINKS["rdma"]
     try:
         gbps = float(name)
     except ValueError:

@@ -61,7 +61,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-tp", type=int, default=1)
     g.add_argument("--num-prefill", type=int, default=1, help="0: colocated engines only")
     g.add_argument("--num-decode", type=int, default=1)
-    g.add_argument("--link", default="rdma", help="rdma, tcp-25g, tcp-100g, shm, or Gb/s")
+    g.add_argument(
+        "--link",
+        default=None,
+        help="rdma, tcp-25g, tcp-100g, shm, Gb/s, or a calibration file (default: the "
+        "--hardware file's link, else rdma)",
+    )
     g.add_argument("--speculative-tokens", type=int, default=0)
     g.add_argument("--acceptance-rate", type=float, default=0.7)
     g.add_argument("--pd-policy", default="all", choices=(*PD_POLICIES, "all"))
@@ -88,6 +93,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: the longest prompt + output of the workload",
     )
     g.add_argument("--retention", default="boundaries")
+    g.add_argument(
+        "--prefill-prefix-caching",
+        default="on",
+        choices=("on", "off"),
+        help="off: prefill engines without prefix caching, the seed's baseline image "
+        "(docs/simulator.md)",
+    )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,4 +236,5 @@ def cluster_spec(
         num_blocks=blocks,
         scheduler=sched,
         retention=args.retention,
+        prefill_prefix_caching=args.prefill_prefix_caching == "on",
     )
