@@ -65,6 +65,7 @@ def _batch(
                 tables,
                 sample=True,
                 draft_token_ids=[(7 + j) % vocab for j in range(drafts)],
+                propose=bool(propose),
             )
         )
     return StepBatch(works)
