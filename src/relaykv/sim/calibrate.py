@@ -40,12 +40,18 @@ PREFILLS = [
 DECODES = [(b, ctx) for b in (1, 2, 4, 8) for ctx in (128, 1024, 3072)]
 
 
-def calibration_steps(k: int) -> list[list[list[int]]]:
+QUICK_PREFILLS = [(0, 64), (0, 512), (512, 256), (1024, 32)]
+QUICK_DECODES = [(1, 256), (4, 256), (2, 1024)]
+
+
+def calibration_steps(k: int, quick: bool = False) -> list[list[list[int]]]:
+    """The step shapes to time; `quick`: a smaller set (tests)."""
+    prefills, decodes = (QUICK_PREFILLS, QUICK_DECODES) if quick else (PREFILLS, DECODES)
     # Prefills as a prefill engine runs them (no proposals), a few as a colocated engine's
     # last chunk (proposing), decode steps verifying k drafts, and a mixed step.
-    steps = [[[start, new, 0, 0]] for start, new in PREFILLS]
-    steps += [[[start, new, 0, 1]] for start, new in PREFILLS[1:4]]
-    steps += [[[ctx, 1, k, 1] for _ in range(b)] for b, ctx in DECODES]
+    steps = [[[start, new, 0, 0]] for start, new in prefills]
+    steps += [[[start, new, 0, 1]] for start, new in prefills[1:4]]
+    steps += [[[ctx, 1, k, 1] for _ in range(b)] for b, ctx in decodes]
     steps.append([[0, 512, 0, 0], [1024, 1, k, 1], [2048, 1, k, 1]])
     return steps
 

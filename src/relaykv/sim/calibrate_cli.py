@@ -34,7 +34,8 @@ CPU_BASE = HardwareSpec(
 PAGE_COUNTS = (1, 4, 16, 64, 256)
 
 
-def time_runner(model: str, k: int, steps: list, repeats: int) -> list[float]:
+def time_runner(model: str, k: int, steps: list, repeats: int) -> tuple[list[float], float]:
+    """Median seconds per step and the draft's acceptance rate, from the real runner."""
     spec = {"model": model, "speculative_tokens": k, "steps": steps, "repeats": repeats}
     proc = subprocess.run(
         [sys.executable, "-m", "relaykv.model.step_timing"],
@@ -45,7 +46,8 @@ def time_runner(model: str, k: int, steps: list, repeats: int) -> list[float]:
     )
     if proc.returncode != 0:
         raise RuntimeError(f"timing the runner failed:\n{proc.stderr[-2000:]}")
-    return [float(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [float(x) for x in out["seconds"]], float(out["acceptance_rate"])
 
 
 def time_transport(
@@ -82,28 +84,25 @@ def time_transport(
     return sizes, seconds
 
 
-def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    try:
-        model = model_spec(args.model)
-    except ValueError as exc:
-        parser.error(str(exc))
-    k = args.speculative_tokens
-    steps = calibration_steps(k)
+def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> dict:
+    """Measure, fit, and return the calibration file's content."""
+    model = model_spec(model_name)
+    steps = calibration_steps(k, quick)
     print(
-        f"[sim calibrate] timing {len(steps)} steps of {args.model} (k={k}) on the real runner",
+        f"[sim calibrate] timing {len(steps)} steps of {model_name} (k={k}) on the real runner",
         file=sys.stderr,
         flush=True,
     )
-    seconds = time_runner(args.model, k, steps, repeats=3)
-    hw = fit_hardware(f"calibrated:{args.model}", model, steps, seconds, k, CPU_BASE)
+    seconds, acceptance = time_runner(model_name, k, steps, repeats=1 if quick else 3)
+    hw = fit_hardware(f"calibrated:{model_name}", model, steps, seconds, k, CPU_BASE)
     errors = relative_errors(model, hw, steps, seconds, k)
-    print(f"[sim calibrate] timing {args.kv_transport} reads", file=sys.stderr, flush=True)
-    sizes, link_s = time_transport(args.kv_transport, model, k, repeats=5)
-    link = fit_link(args.kv_transport, sizes, link_s)
+    print(f"[sim calibrate] timing {transport} reads", file=sys.stderr, flush=True)
+    sizes, link_s = time_transport(transport, model, k, repeats=2 if quick else 5)
     out = asdict(hw)
-    out["link"] = asdict(link)
+    out["link"] = asdict(fit_link(transport, sizes, link_s))
+    out["acceptance_rate"] = acceptance
     out["measured"] = {
-        "model": args.model,
+        "model": model_name,
         "speculative_tokens": k,
         "steps": steps,
         "seconds": seconds,
@@ -111,14 +110,26 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         "transfer_bytes": sizes,
         "transfer_seconds": link_s,
     }
+    return out
+
+
+def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        model_spec(args.model)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out = calibrate(args.model, args.speculative_tokens, args.kv_transport, args.calibrate_quick)
     Path(args.out).write_text(json.dumps(out, indent=1))
+    errors = out["measured"]["fit_relative_error"]
     print(
-        f"step overhead {1e3 * hw.step_overhead_s:.2f} ms, per sequence "
-        f"{1e3 * hw.per_sequence_overhead_s:.2f} ms, {hw.peak_flops / 1e9:.1f} GFLOP/s, "
-        f"{hw.hbm_bandwidth / 1e9:.2f} GB/s, draft pass {1e3 * hw.draft_pass_overhead_s:.2f} ms;"
-        f" link {link.bandwidth / 1e9:.2f} GB/s + {1e3 * link.latency_s:.2f} ms; "
+        f"step overhead {1e3 * out['step_overhead_s']:.2f} ms, per sequence "
+        f"{1e3 * out['per_sequence_overhead_s']:.2f} ms, {out['peak_flops'] / 1e9:.1f} GFLOP/s, "
+        f"{out['hbm_bandwidth'] / 1e9:.2f} GB/s, draft pass "
+        f"{1e3 * out['draft_pass_overhead_s']:.2f} ms; link "
+        f"{out['link']['bandwidth'] / 1e9:.2f} GB/s + {1e3 * out['link']['latency_s']:.2f} ms; "
         f"fit error median {100 * float(np.median(np.abs(errors))):.1f}%, "
-        f"max {100 * float(np.max(np.abs(errors))):.1f}%"
+        f"max {100 * float(np.max(np.abs(errors))):.1f}%; draft acceptance "
+        f"{out['acceptance_rate']:.2f}"
     )
     print(f"wrote {args.out}")
     return 0

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal = parser.add_argument_group("calibrate")
     cal.add_argument("--out", default=None, help="the calibration file to write")
     cal.add_argument("--kv-transport", default="shm", help="the transport to time (shm, tcp)")
+    cal.add_argument(
+        "--calibrate-quick", action="store_true", help="fewer, smaller steps, one repeat"
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

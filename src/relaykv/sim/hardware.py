@@ -87,6 +87,15 @@ def hardware_spec(name: str) -> HardwareSpec:
     return HardwareSpec(**{k: v for k, v in raw.items() if k in known})
 
 
+def calibrated_acceptance(name: str) -> float | None:
+    """The draft acceptance rate a calibration file measured (None for presets)."""
+    path = Path(name)
+    if name in HARDWARE or not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("acceptance_rate")
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A P->D path: bytes per second per engine NIC and fixed seconds per transfer."""

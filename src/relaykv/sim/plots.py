@@ -38,7 +38,7 @@ def plot_run(results: list[dict[str, Any]], path: Path, title: str) -> Path:
     )
     for i, (key, label) in enumerate(series):
         bx.bar(x + (i - 1) * 0.27, [r[key] for r in results], 0.27, label=label)
-    bx.set_xticks(x, names)
+    bx.set_xticks(x, names, rotation=15, fontsize=8)
     bx.set_ylabel("hit tokens")
     bx.set_title("prefix hits per policy")
     bx.legend(fontsize=8)

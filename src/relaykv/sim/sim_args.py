@@ -13,7 +13,7 @@ import re
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.sim.cluster import ClusterSpec
-from relaykv.sim.hardware import HardwareSpec, LinkSpec
+from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.workload import (
     DATASETS,
@@ -68,7 +68,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--hardware file's link, else rdma)",
     )
     g.add_argument("--speculative-tokens", type=int, default=0)
-    g.add_argument("--acceptance-rate", type=float, default=0.7)
+    g.add_argument(
+        "--acceptance-rate",
+        type=float,
+        default=None,
+        help="EAGLE acceptance rate (default: the calibration file's measured one, else 0.7)",
+    )
     g.add_argument("--pd-policy", default="all", choices=(*PD_POLICIES, "all"))
     pool = g.add_mutually_exclusive_group()
     pool.add_argument("--num-blocks", type=int, default=None, help="KV pool blocks per engine")
@@ -206,6 +211,8 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
+    if args.acceptance_rate is None:
+        args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
         parser.error("argument --acceptance-rate: must be in [0, 1]")
     k = args.speculative_tokens
