@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,19 +78,19 @@ WORKLOADS = {
     ],
 }
 QUICK = {
-    "gsp 2x3 512+16 out8 c4": [
+    "gsp 2x4 512+16 out16 c4": [
         "--dataset-name",
         "generated-shared-prefix",
         "--gsp-num-groups",
         "2",
         "--gsp-prompts-per-group",
-        "3",
+        "4",
         "--gsp-system-prompt-len",
         "512",
         "--gsp-question-len",
         "16",
         "--gsp-output-len",
-        "8",
+        "16",
         "--max-concurrency",
         "4",
     ]
@@ -110,6 +111,9 @@ def engine_flags(k: int, blocks: int, max_len: int) -> list[str]:
 def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> dict[str, Any]:
     """One `relaykv up` cluster, one `bench serve` run, the engines' counter deltas."""
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--pd-policy", policy, *flags]
+    # Single-threaded engines, as calibration times the runner: on a shared machine OpenMP's
+    # spinning threads turn other processes' load into slowdowns of 10x and more.
+    os.environ["OMP_NUM_THREADS"] = "1"
     with ClusterProcess(up, out / "up.log") as cluster:
         urls = cluster.urls
         assert urls is not None

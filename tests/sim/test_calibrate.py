@@ -19,13 +19,14 @@ from relaykv.sim.model_presets import model_spec
 TRUTH = HardwareSpec(
     "truth",
     peak_flops=7e9,
-    hbm_bandwidth=3e9,
+    hbm_bandwidth=1e30,
     memory_bytes=1e9,
     mfu=1.0,
     mbu=1.0,
     step_overhead_s=4e-3,
     per_sequence_overhead_s=0.5e-3,
     draft_pass_overhead_s=1e-3,
+    kv_bandwidth=0.5e9,
     combine="sum",
 )
 
@@ -39,11 +40,11 @@ def test_fit_recovers_a_known_machine() -> None:
     ]
     hw = fit_hardware("fit", model, steps, seconds, k, TRUTH)
     assert hw.peak_flops == pytest.approx(7e9, rel=1e-6)
-    assert hw.hbm_bandwidth == pytest.approx(3e9, rel=1e-6)
     assert hw.step_overhead_s == pytest.approx(4e-3, rel=1e-6)
     assert hw.per_sequence_overhead_s == pytest.approx(0.5e-3, rel=1e-6)
     assert hw.draft_pass_overhead_s == pytest.approx(1e-3, rel=1e-6)
-    assert max(abs(e) for e in relative_errors(model, hw, steps, seconds, k)) < 1e-9
+    assert hw.kv_bandwidth == pytest.approx(0.5e9, rel=1e-6)
+    assert max(abs(e) for e in relative_errors(model, hw, steps, seconds, k)) < 1e-6
     assert len(features(model, steps[0], k)) == 5
 
 

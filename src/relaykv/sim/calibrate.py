@@ -4,11 +4,14 @@
 A measured machine is described like a preset, with `combine = sum` (a CPU does not
 overlap compute and memory traffic the way a GPU's roofline assumes):
 
-    seconds = step_overhead + per_sequence_overhead * sequences + FLOPs / F + bytes / B
-              + passes * (draft_pass_overhead + pass FLOPs / F + pass bytes / B)
+    seconds = step_overhead + per_sequence_overhead * sequences + FLOPs / F + KV bytes / K
+              + passes * (draft_pass_overhead + pass FLOPs / F + pass KV bytes / K)
 
-which is linear in (1, sequences, total FLOPs, total bytes, passes) with the terms of
-`cost_model.step_terms`. The coefficients come from non-negative least squares (an
+which is linear in (1, sequences, total FLOPs, KV bytes, passes). A dense model reads the
+same weight bytes every step (and every draft pass), so on one machine they cannot be told
+apart from the fixed overheads: the fit folds them in (`hbm_bandwidth` is left infinite),
+which is exact for the calibrated model and is why a calibration file is per model. The
+terms are `cost_model.step_terms`'. The coefficients come from non-negative least squares (an
 active-set loop over `numpy.linalg.lstsq`), relative to each step's time so that short
 decode steps weigh as much as long prefills. The link is `latency + bytes / bandwidth`
 fitted the same way on timed reads of different sizes.
@@ -64,13 +67,8 @@ def _shapes(step: Sequence[Sequence[int]], k: int) -> list[SeqShape]:
 
 def features(model: ModelSpec, step: Sequence[Sequence[int]], k: int) -> list[float]:
     t = step_terms(model, _shapes(step, k))
-    return [
-        1.0,
-        float(t.num_seqs),
-        t.flops + t.passes * t.pass_flops,
-        t.bytes + t.passes * t.pass_bytes,
-        float(t.passes),
-    ]
+    kv = t.kv_bytes + t.passes * t.pass_kv_bytes
+    return [1.0, float(t.num_seqs), t.flops + t.passes * t.pass_flops, kv, float(t.passes)]
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -109,7 +107,8 @@ def fit_hardware(
         step_overhead_s=float(c[0]),
         per_sequence_overhead_s=float(c[1]),
         peak_flops=1.0 / max(float(c[2]), tiny),
-        hbm_bandwidth=1.0 / max(float(c[3]), tiny),
+        hbm_bandwidth=1.0 / tiny,  # weights: folded into the overheads (see above)
+        kv_bandwidth=1.0 / max(float(c[3]), tiny),
         draft_pass_overhead_s=float(c[4]),
     )
 

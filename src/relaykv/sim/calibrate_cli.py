@@ -5,7 +5,9 @@
    subprocess (`python -m relaykv.model.step_timing`: only the model layer loads models).
 2. The chosen transport (`--kv-transport`, default shm) times reads of 1 to 256 pages of
    the model's geometry between two real endpoints in this process.
-3. `calibrate.fit_hardware` / `fit_link` fit the cost model; the file holds the fitted
+3. `calibrate_serving` measures the serving overheads on a real local cluster and fits
+   them (per-step and per-hop seconds on top of the runner).
+4. `calibrate.fit_hardware` / `fit_link` fit the cost model; the file holds the fitted
    `HardwareSpec` fields, a `link`, the measurements and the fit's relative errors. Use it
    as `relaykv sim --hardware FILE` (its link is the default `--link`).
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from relaykv.sim.calibrate import calibration_steps, fit_hardware, fit_link, relative_errors
+from relaykv.sim.calibrate_serving import fit_serving, measure_serving
 from relaykv.sim.hardware import HardwareSpec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.models import ModelSpec
@@ -98,8 +101,12 @@ def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> d
     errors = relative_errors(model, hw, steps, seconds, k)
     print(f"[sim calibrate] timing {transport} reads", file=sys.stderr, flush=True)
     sizes, link_s = time_transport(transport, model, k, repeats=2 if quick else 5)
+    link = fit_link(transport, sizes, link_s)
+    print("[sim calibrate] timing a served workload on a real cluster", file=sys.stderr, flush=True)
+    served = measure_serving(model_name, k)
+    hw = fit_serving(model_name, k, hw, link, acceptance, served)
     out = asdict(hw)
-    out["link"] = asdict(fit_link(transport, sizes, link_s))
+    out["link"] = asdict(link)
     out["acceptance_rate"] = acceptance
     out["measured"] = {
         "model": model_name,
@@ -109,6 +116,8 @@ def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> d
         "fit_relative_error": errors,
         "transfer_bytes": sizes,
         "transfer_seconds": link_s,
+        "serving_mean_ttft_ms": served["mean_ttft_ms"],
+        "serving_mean_tpot_ms": served["mean_tpot_ms"],
     }
     return out
 

@@ -6,8 +6,8 @@ flight (warmups first, unmeasured), like `relaykv bench serve`. The router is
 `relaykv router`), called directly: a request goes to a prefill engine with
 `do_remote_decode` and `max_tokens=1`, P's answer (its `kv_transfer_params`) goes with the
 original request to a decode engine, and D's tokens are the client's stream (TTFT is D's
-first token). Each HTTP hop costs `request_overhead_s`. With no prefill engines the decode
-engines are colocated ones and the router only balances them.
+first token). Each HTTP hop costs the hardware's `request_overhead_s`. With no prefill
+engines the decode engines are colocated ones and the router only balances them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class ClusterSpec:
     num_blocks: int = 10000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "boundaries"
-    request_overhead_s: float = 1e-3
     prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
 
 
@@ -127,13 +126,13 @@ class SimCluster:
         self._live[rid] = (record, params, prompt)
         if self.prefill_pool is None:
             self.loop.after(
-                self.spec.request_overhead_s,
+                self.spec.hardware.request_overhead_s,
                 lambda: self._to_engine(self.decode_pool, rid, prompt, params, None),
             )
             return
         p_params = {"do_remote_decode": True}
         self.loop.after(
-            self.spec.request_overhead_s,
+            self.spec.hardware.request_overhead_s,
             lambda: self._to_engine(self.prefill_pool, rid, prompt, params, p_params),
         )
 
@@ -176,7 +175,7 @@ class SimCluster:
                 return
             kv = dict(req.kv_transfer_params)
             self.loop.after(
-                self.spec.request_overhead_s,
+                self.spec.hardware.request_overhead_s,
                 lambda: self._to_engine(self.decode_pool, rid, prompt, params, kv),
             )
             return

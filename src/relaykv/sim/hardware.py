@@ -48,6 +48,8 @@ class HardwareSpec:
     per_sequence_overhead_s: float = 0.0
     allreduce_latency_s: float = 40e-6
     draft_pass_overhead_s: float = 0.3e-3
+    kv_bandwidth: float = 0.0  # bytes/s for KV reads and writes (0: hbm_bandwidth)
+    request_overhead_s: float = 1e-3  # one HTTP hop through the router to an engine
     combine: str = "max"
     # Engine defaults on this hardware: KV pool bytes per engine (0: memory * TP * 0.9 minus
     # the weights) and the scheduler's token budget per step.
