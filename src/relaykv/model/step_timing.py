@@ -10,9 +10,9 @@ samples, as the last chunk of a prompt or a decode step does, and with a draft p
 the next step's tokens when `propose` is 1 (0: a prefill engine's hand-over step). Block
 tables are fresh distinct blocks covering each sequence's positions, so the runner does
 the same work as in serving (paged attention over `start + new` positions). Prints one
-JSON object: the fastest of `repeats` timed runs of each step (after one warm-up run of
-it: other processes on a shared machine only ever add time) as `seconds`, and the draft's `acceptance_rate` on greedy decoding
-after a random prompt. It lives in the model layer because only the model layer may load a
+JSON object: `seconds`, the fastest of `repeats` timed runs of each step (after one
+warm-up run of it: other processes on a shared machine only ever add time), and the
+draft's `acceptance_rate` on greedy decoding after a random prompt. It lives in the model layer because only the model layer may load a
 model; the simulator starts it as a subprocess and fits its cost model on the output.
 """
 
