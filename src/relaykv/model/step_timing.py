@@ -12,8 +12,9 @@ tables are fresh distinct blocks covering each sequence's positions, so the runn
 the same work as in serving (paged attention over `start + new` positions). Prints one
 JSON object: `seconds`, the fastest of `repeats` timed runs of each step (after one
 warm-up run of it: other processes on a shared machine only ever add time), and the
-draft's `acceptance_rate` on greedy decoding after a random prompt. It lives in the model layer because only the model layer may load a
-model; the simulator starts it as a subprocess and fits its cost model on the output.
+draft's `acceptance_rate` on greedy decoding after a random prompt. It lives in the model
+layer because only the model layer may load a model; the simulator starts it as a
+subprocess and fits its cost model on the output.
 """
 
 from __future__ import annotations
