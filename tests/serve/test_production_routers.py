@@ -7,6 +7,9 @@ One tiny-hybrid P/D cluster (`relaykv up`'s members: prefill, decode, relaykv's 
   greedy tokens as through relaykv's router, every endpoint it polls answers 2xx (the
   engines' access logs), and the seed's probe through it reads the same decode-engine
   counters as through relaykv's router, including the sibling's prefix reused on D.
+* vllm-router with `kv_aware`, fed by the prefill engine's KV events (`--pd-kv-events`,
+  static, as its P/D mode requires): the same requests succeed, every poll answers 2xx, and
+  D reuses the sibling's prefix (skipped where `relaykv serve --kv-events-config` is absent).
 * sglang-router and smg in P/D mode: every request is refused with a 400 naming SGLang's
   bootstrap mode, and neither engine computes a single prompt token of it.
 
@@ -15,6 +18,7 @@ Each router is skipped, with its install command as the reason, when it is not i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -33,8 +37,15 @@ from relaykv.launch.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.slow
 
-ENGINE_ARGS = ["--model", "tiny-hybrid", "--num-blocks", "600", "--max-model-len", "1024",
-               "--access-log"]
+ENGINE_ARGS = [
+    "--model",
+    "tiny-hybrid",
+    "--num-blocks",
+    "600",
+    "--max-model-len",
+    "1024",
+    "--access-log",
+]
 INSTALL = {
     "vllm-router": "pip install 'relaykv[vllm-router]'  (vllm-router==0.1.17)",
     "sglang-router": "pip install 'relaykv[sglang-router]'  (sglang-router==0.3.2)",
@@ -49,10 +60,25 @@ def _binary(name: str) -> str:
     return found
 
 
+# KV events come with issue 12 (`relaykv serve --kv-events-config`); older trees skip that test.
+KV_EVENTS = importlib.util.find_spec("relaykv.serve.kv_events_config") is not None
+
+
+def _events_args(port: int) -> list[str]:
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+    return ["--kv-events-config", json.dumps(config)] if KV_EVENTS else []
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(engine_args=ENGINE_ARGS)
+    event_ports = {"prefill": free_port(), "decode": free_port()}
+    c = Cluster(
+        engine_args=ENGINE_ARGS,
+        prefill_args=_events_args(event_ports["prefill"]),
+        decode_args=_events_args(event_ports["decode"]),
+    )
     c.start(timeout=300)
+    c.event_ports = event_ports  # type: ignore[attr-defined]
     yield c
     c.stop()
 
@@ -66,7 +92,9 @@ class Front:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*argv, "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                [*argv, "--port", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + 60
@@ -100,8 +128,9 @@ def _complete(url: str, path: str, body: dict) -> httpx.Response:
 
 def _stream_text(url: str, path: str, body: dict) -> tuple[str, list[dict]]:
     events = []
-    with httpx.stream("POST", f"{url}{path}", json={"model": "tiny-hybrid", **body,
-                      "stream": True}, timeout=120) as resp:
+    with httpx.stream(
+        "POST", f"{url}{path}", json={"model": "tiny-hybrid", **body, "stream": True}, timeout=120
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -109,22 +138,81 @@ def _stream_text(url: str, path: str, body: dict) -> tuple[str, list[dict]]:
             if line == "data: [DONE]":
                 events.append({"done": True})
     assert events[-1] == {"done": True}
-    parts = [c.get("text") or c.get("delta", {}).get("content") or ""
-             for e in events[:-1] for c in e.get("choices", [])]
+    parts = [
+        c.get("text") or c.get("delta", {}).get("content") or ""
+        for e in events[:-1]
+        for c in e.get("choices", [])
+    ]
     return "".join(parts), events
 
 
 def _probe(url: str, cluster: Cluster, seed: int, capsys: pytest.CaptureFixture[str]) -> dict:
-    assert main(["probe", "--url", url, *_pd(cluster), "--prefix-len", "256", "--suffix-len",
-                 "16", "--seed", str(seed), "--json", "--settle", "0.3"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "--url",
+                url,
+                *_pd(cluster),
+                "--prefix-len",
+                "256",
+                "--suffix-len",
+                "16",
+                "--seed",
+                str(seed),
+                "--json",
+                "--settle",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
 def _polls(log: Path, since: int) -> list[tuple[str, str, int]]:
     """(method, path, status) of every HTTP request an engine logged after byte `since`."""
     text = log.read_bytes()[since:].decode(errors="replace")
-    return [(m, p, int(s)) for m, p, s in
-            re.findall(r'"(GET|POST) (\S+) HTTP/1\.1" (\d{3})', text)]
+    return [(m, p, int(s)) for m, p, s in re.findall(r'"(GET|POST) (\S+) HTTP/1\.1" (\d{3})', text)]
+
+
+GREEDY = {
+    "prompt": "The quick brown fox jumps over",
+    "max_tokens": 8,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+CHAT = {
+    "messages": [{"role": "user", "content": "hello"}],
+    "max_tokens": 6,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+
+
+def _requests_match_relaykv_router(cluster: Cluster, front: Front) -> None:
+    """Plain, streaming and chat requests through `front` give relaykv's router's tokens."""
+    ours = _complete(cluster.router.url, "/v1/completions", GREEDY).json()
+    theirs = _complete(front.url, "/v1/completions", GREEDY)
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["choices"][0]["text"] == ours["choices"][0]["text"]
+    text, _ = _stream_text(front.url, "/v1/completions", GREEDY)
+    assert text == ours["choices"][0]["text"]
+    ours_chat = _complete(cluster.router.url, "/v1/chat/completions", CHAT).json()
+    theirs_chat = _complete(front.url, "/v1/chat/completions", CHAT)
+    assert theirs_chat.status_code == 200, theirs_chat.text
+    expected = ours_chat["choices"][0]["message"]["content"]
+    assert theirs_chat.json()["choices"][0]["message"]["content"] == expected
+    assert _stream_text(front.url, "/v1/chat/completions", CHAT)[0] == expected
+
+
+def _polls_all_answered(logs: list[Path], marks: list[int], expected: list[set[str]]) -> None:
+    """Every request the engines logged since `marks` got a 2xx; each saw its `expected`."""
+    for log, mark, paths in zip(logs, marks, expected, strict=True):
+        polls = _polls(log, mark)
+        assert [p for p in polls if p[2] >= 300] == [], log
+        seen = {path.split("?")[0] for _, path, _ in polls}
+        assert paths <= seen, (log, seen)
 
 
 def test_behind_vllm_router(
@@ -133,28 +221,24 @@ def test_behind_vllm_router(
     binary = _binary("vllm-router")
     logs = [m.log_path for m in cluster.members if m.name != "router"]
     marks = [p.stat().st_size for p in logs]
-    front = Front([binary, "--vllm-pd-disaggregation", *_pd(cluster), "--policy", "cache_aware",
-                   "--prometheus-port", str(free_port()), "--health-check-endpoint",
-                   "/health_generate", "--health-check-interval-secs", "1"],
-                  tmp_path / "vllm-router.log")
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "cache_aware",
+            "--prometheus-port",
+            str(free_port()),
+            "--health-check-endpoint",
+            "/health_generate",
+            "--health-check-interval-secs",
+            "1",
+        ],
+        tmp_path / "vllm-router.log",
+    )
     try:
-        greedy = {"prompt": "The quick brown fox jumps over", "max_tokens": 8,
-                  "temperature": 0, "ignore_eos": True}
-        ours = _complete(cluster.router.url, "/v1/completions", greedy).json()
-        theirs = _complete(front.url, "/v1/completions", greedy)
-        assert theirs.status_code == 200, theirs.text
-        assert theirs.json()["choices"][0]["text"] == ours["choices"][0]["text"]
-        text, _ = _stream_text(front.url, "/v1/completions", greedy)
-        assert text == ours["choices"][0]["text"]
-        chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
-                "temperature": 0, "ignore_eos": True}
-        ours_chat = _complete(cluster.router.url, "/v1/chat/completions", chat).json()
-        theirs_chat = _complete(front.url, "/v1/chat/completions", chat)
-        assert theirs_chat.status_code == 200, theirs_chat.text
-        expected = ours_chat["choices"][0]["message"]["content"]
-        assert theirs_chat.json()["choices"][0]["message"]["content"] == expected
-        assert _stream_text(front.url, "/v1/chat/completions", chat)[0] == expected
-
+        _requests_match_relaykv_router(cluster, front)
         # the seed's probe: same decode-engine counters as through relaykv's router
         through_ours = _probe(cluster.router.url, cluster, 11, capsys)
         through_vllm_router = _probe(front.url, cluster, 12, capsys)
@@ -164,19 +248,70 @@ def test_behind_vllm_router(
         time.sleep(1.5)  # at least one deep health check of each engine
     finally:
         front.stop()
-    front = Front([binary, "--vllm-pd-disaggregation", *_pd(cluster), "--policy",
-                   "power_of_two", "--prometheus-port", str(free_port())],
-                  tmp_path / "vllm-router-p2.log")
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "power_of_two",
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / "vllm-router-p2.log",
+    )
     try:
-        assert _complete(front.url, "/v1/completions", greedy).status_code == 200
+        assert _complete(front.url, "/v1/completions", GREEDY).status_code == 200
     finally:
         front.stop()
-    for log, mark in zip(logs, marks, strict=True):
-        polls = _polls(log, mark)
-        assert [p for p in polls if p[2] >= 300] == [], log
-        seen = {path.split("?")[0] for _, path, _ in polls}
-        assert {"/v1/completions/render", "/v1/chat/completions/render", "/health_generate",
-                "/get_load"} <= seen, (log, seen)
+    polled = {
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/health_generate",
+        "/get_load",
+    }
+    _polls_all_answered(logs, marks, [polled, polled])
+
+
+def test_behind_vllm_router_kv_aware_fed_by_relaykv_events(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = _binary("vllm-router")
+    if not KV_EVENTS:
+        pytest.skip("this tree has no KV events (relaykv serve --kv-events-config, issue 12)")
+    prefill = cluster.urls("prefill")[0]
+    events = f"tcp://127.0.0.1:{cluster.event_ports['prefill']}"  # type: ignore[attr-defined]
+    logs = [m.log_path for m in cluster.members if m.name != "router"]
+    marks = [p.stat().st_size for p in logs]
+    front = Front(
+        [
+            binary,
+            "--vllm-pd-disaggregation",
+            *_pd(cluster),
+            "--policy",
+            "kv_aware",
+            "--pd-kv-events",
+            f"{prefill}={events}",
+            "--kv-event-model",
+            "tiny-hybrid",
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / "vllm-router-kv.log",
+    )
+    try:
+        _requests_match_relaykv_router(cluster, front)
+        through_ours = _probe(cluster.router.url, cluster, 21, capsys)
+        through_vllm_router = _probe(front.url, cluster, 22, capsys)
+        assert through_vllm_router == through_ours
+        assert through_vllm_router["phases"][1]["local_hit_tokens"] >= 2 * 256
+    finally:
+        front.stop()
+    assert f"kv_index subscriber for {prefill} rank0 on {events}" in re.sub(
+        r"\x1b\[[0-9;]*m", "", front.log.read_text(errors="replace")
+    )
+    # kv_aware renders on the prefill side only (decode placement is load/affinity based)
+    _polls_all_answered(logs, marks, [{"/v1/chat/completions/render"}, set()])
 
 
 @pytest.mark.parametrize("name", ["sglang-router", "smg"])
@@ -185,10 +320,21 @@ def test_sglang_gateways_are_refused_and_nothing_is_computed(
 ) -> None:
     binary = _binary(name)
     engines = [*cluster.urls("prefill"), *cluster.urls("decode")]
-    front = Front([binary, "launch", "--pd-disaggregation", "--prefill",
-                   cluster.urls("prefill")[0], str(free_port()), "--decode",
-                   cluster.urls("decode")[0], "--prometheus-port", str(free_port())],
-                  tmp_path / f"{name}.log")
+    front = Front(
+        [
+            binary,
+            "launch",
+            "--pd-disaggregation",
+            "--prefill",
+            cluster.urls("prefill")[0],
+            str(free_port()),
+            "--decode",
+            cluster.urls("decode")[0],
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        tmp_path / f"{name}.log",
+    )
     try:
         import asyncio
 

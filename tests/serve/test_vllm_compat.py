@@ -93,10 +93,11 @@ def test_api_key_gates_the_computing_routes(server: ServerThread) -> None:
             ("POST", "/tokenize"),
             ("POST", "/detokenize"),
             ("POST", "/v1/completions/render"),
-            ("GET", "/health_generate"),
         ):
             assert anon.request(method, path, json={}).status_code == 401, path
-        assert anon.get("/get_load").json() == {"load": 0}  # like /health, /metrics
+        # like /health and /metrics (vllm-router's health checker sends no key)
+        assert anon.get("/get_load").json() == {"load": 0}
+        assert anon.get("/health_generate").json() == {"status": "ok"}
 
 
 def test_get_load_counts_requests_in_flight(server: ServerThread, http: httpx.Client) -> None:
@@ -120,10 +121,13 @@ def test_get_load_counts_requests_in_flight(server: ServerThread, http: httpx.Cl
 
 
 def test_health_generate_steps_the_model(server: ServerThread, http: httpx.Client) -> None:
+    server.app.state.relaykv_health_check = None  # forget an earlier test's check
     steps = server.served.engine.metrics.num_steps
     assert http.get("/health_generate").json() == {"status": "ok"}
     assert server.served.engine.metrics.num_steps > steps  # a real forward ran
-    assert http.get("/health_generate").status_code == 200  # reused within a second
+    steps = server.served.engine.metrics.num_steps
+    assert http.get("/health_generate").status_code == 200
+    assert server.served.engine.metrics.num_steps == steps  # reused within a second
 
 
 SGLANG_FIELDS = {"bootstrap_host": "10.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 42}
@@ -173,3 +177,8 @@ def test_api_key_is_accepted(server: ServerThread) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     resp = httpx.post(f"{server.url}/tokenize", json={"prompt": "a"}, headers=headers)
     assert resp.status_code == 200
+
+
+def test_bootstrap_words_inside_a_prompt_are_not_the_bootstrap_mode(http: httpx.Client) -> None:
+    body = {"prompt": 'say "bootstrap_room": 1', "max_tokens": 2, "bootstrap_extra": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200

@@ -5,9 +5,9 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
 `/detokenize`, `/v1/completions/render`, `/v1/chat/completions/render` (`vllm_compat`) and
 `GET /get_load`, `/health_generate` (`router_probes`). The gate (a plain ASGI middleware, so
 streams and disconnects pass through untouched) answers every `/v1/...` request (and
-`/tokenize`, `/detokenize`, `/health_generate`) with 401 when an API key is set and the
-request's `Authorization: Bearer` does not match, and with 503 while the server drains;
-`/health` turns 503 when draining, `/metrics` and `/get_load` always answer.
+`/tokenize`, `/detokenize`) with 401 when an API key is set and the request's
+`Authorization: Bearer` does not match, and with 503 while the server drains; `/health` and
+`/health_generate` turn 503 when draining, `/metrics` and `/get_load` always answer.
 
 P/D (issue 5): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
 request to the engine and back. A router or launcher builds the engine with
@@ -38,12 +38,9 @@ from relaykv.serve.state import ServerState, server_state
 log = logging.getLogger("relaykv.serve")
 
 
-# Outside /v1, the routes that compute (tokenizer, a health generation) are gated too.
-_GATED_PATHS = vllm_compat.GATED_PATHS | router_probes.GATED_PATHS
-
-
+# Outside /v1, the tokenizer routes are gated too (router_probes.py: why not the probes).
 def _gated(path: str) -> bool:
-    return path.startswith("/v1") or path in _GATED_PATHS
+    return path.startswith("/v1") or path in vllm_compat.GATED_PATHS
 
 
 class AccessGate:

@@ -9,7 +9,10 @@
   takes longer than `HEALTH_GENERATE_TIMEOUT_S`, 500 if the engine died. Polls arriving
   while one check runs share it, and a success is reused for `HEALTH_GENERATE_REUSE_S`, so a
   router polling every engine often costs at most one tiny forward a second. The prompt is
-  shorter than a block, so it never enters the prefix cache or the KV events.
+  shorter than a block, so it never enters the prefix cache or the KV events. It needs no
+  API key, like `/health`: vllm-router's health checker sends none (with a key required,
+  every engine would look dead to it), and the reuse window bounds what anyone can make it
+  cost.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ router = APIRouter()
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 HEALTH_GENERATE_REUSE_S = 1.0
-GATED_PATHS = frozenset({"/health_generate"})
 
 
 @dataclass(slots=True)
