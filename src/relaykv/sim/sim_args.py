@@ -12,6 +12,7 @@ import re
 
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
+from relaykv.router.policy import ROUTING_MODES
 from relaykv.sim.cluster import ClusterSpec
 from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
 from relaykv.sim.models import ModelSpec
@@ -98,6 +99,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: the longest prompt + output of the workload",
     )
     g.add_argument("--retention", default="boundaries")
+    g.add_argument(
+        "--routing",
+        default="cache-aware",
+        choices=ROUTING_MODES,
+        help="the router's policy (relaykv router --routing; default cache-aware)",
+    )
     g.add_argument(
         "--prefill-prefix-caching",
         default="on",
@@ -244,4 +251,5 @@ def cluster_spec(
         scheduler=sched,
         retention=args.retention,
         prefill_prefix_caching=args.prefill_prefix_caching == "on",
+        routing=args.routing,
     )
