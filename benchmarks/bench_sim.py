@@ -21,115 +21,28 @@ import argparse
 import contextlib
 import io
 import json
+import shlex
 import time
+
+from sim_seed_tables import PR, SETUPS, STRESS  # the seed's scenarios (same directory)
 
 from relaykv.cli import main as relaykv
 
-ALL = ["--pd-policy", "all"]
+SCALE = shlex.split(
+    "--model gpt-oss-20b --hardware h100 --num-prefill 16 --num-decode 16 --link rdma "
+    "--speculative-tokens 3 --dataset-name generated-shared-prefix --gsp-num-groups 100 "
+    "--gsp-prompts-per-group 100 --gsp-system-prompt-len 4096 --gsp-question-len 128 "
+    "--gsp-output-len 256 --request-rate 100 --max-concurrency 1024 --pd-policy per-group"
+)
+C8 = ["--max-concurrency", "8", "--num-prompts", "40", "--prefix-repetition-output-len", "128"]
 SCENARIOS: dict[str, tuple[list[str], float]] = {
+    # 8 warmups + 40 requests: the 48 requests of 65k tokens per policy the issue names.
     "c8-output128": (
-        [
-            "--model",
-            "gpt-oss-20b",
-            "--hardware",
-            "h20",
-            "--prefill-tp",
-            "2",
-            "--decode-tp",
-            "2",
-            "--link",
-            "rdma",
-            "--speculative-tokens",
-            "3",
-            "--dataset-name",
-            "prefix_repetition",
-            "--prefix-repetition-prefix-len",
-            "65504",
-            "--prefix-repetition-suffix-len",
-            "64",
-            "--prefix-repetition-num-prefixes",
-            "1",
-            "--prefix-repetition-output-len",
-            "128",
-            "--num-prompts",
-            "40",
-            "--num-warmups",
-            "8",
-            "--max-concurrency",
-            "8",
-            *ALL,
-        ],
+        [*SETUPS["gpt-oss"], *PR, *C8, "--num-warmups", "8", "--pd-policy", "all"],
         120.0,
     ),
-    "stress": (
-        [
-            "--model",
-            "dsv4-flash",
-            "--hardware",
-            "h20",
-            "--prefill-tp",
-            "8",
-            "--decode-tp",
-            "8",
-            "--link",
-            "rdma",
-            "--speculative-tokens",
-            "5",
-            "--dataset-name",
-            "generated-shared-prefix",
-            "--gsp-num-groups",
-            "10",
-            "--gsp-prompts-per-group",
-            "32",
-            "--gsp-system-prompt-len",
-            "65536",
-            "--gsp-question-len",
-            "64",
-            "--gsp-output-len",
-            "1500",
-            "--max-concurrency",
-            "64",
-            "--num-warmups",
-            "1",
-            *ALL,
-        ],
-        180.0,
-    ),
-    "scale": (
-        [
-            "--model",
-            "gpt-oss-20b",
-            "--hardware",
-            "h100",
-            "--num-prefill",
-            "16",
-            "--num-decode",
-            "16",
-            "--link",
-            "rdma",
-            "--speculative-tokens",
-            "3",
-            "--dataset-name",
-            "generated-shared-prefix",
-            "--gsp-num-groups",
-            "100",
-            "--gsp-prompts-per-group",
-            "100",
-            "--gsp-system-prompt-len",
-            "4096",
-            "--gsp-question-len",
-            "128",
-            "--gsp-output-len",
-            "256",
-            "--request-rate",
-            "100",
-            "--max-concurrency",
-            "1024",
-            "--pd-policy",
-            "per-group",
-        ],
-        600.0,
-    ),
+    "stress": ([*SETUPS["dsv4"], *STRESS, "--pd-policy", "all"], 180.0),
+    "scale": (SCALE, 600.0),
 }
 
 
