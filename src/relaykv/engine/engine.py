@@ -92,14 +92,19 @@ class LLMEngine:
             raise InvalidRequest("kv_transfer_params", "kv_transfer_params must be an object")
         if not prompt_ids:
             raise InvalidRequest("prompt", "the prompt is empty")
-        for token in prompt_ids:
-            if (
-                not isinstance(token, int)
-                or isinstance(token, bool)
-                or token < 0
-                or (self.vocab_size is not None and token >= self.vocab_size)
-            ):
-                raise InvalidRequest("prompt", f"invalid token id {token!r} in the prompt")
+        # Fast path for the common case (every id a plain int in range: C-level passes over
+        # a 64k-token prompt instead of four Python checks per token); else find the culprit.
+        plain = set(map(type, prompt_ids)) == {int}
+        top = self.vocab_size
+        if not (plain and min(prompt_ids) >= 0 and (top is None or max(prompt_ids) < top)):
+            for token in prompt_ids:
+                if (
+                    not isinstance(token, int)
+                    or isinstance(token, bool)
+                    or token < 0
+                    or (top is not None and token >= top)
+                ):
+                    raise InvalidRequest("prompt", f"invalid token id {token!r} in the prompt")
         params.validate(self.vocab_size)
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop", "stop strings need a tokenizer; this model has none")

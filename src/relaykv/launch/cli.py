@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transport", default="shm", choices=["shm", "tcp", "nixl", "mooncake"])
     parser.add_argument("--num-prefill", type=int, default=1)
     parser.add_argument("--num-decode", type=int, default=1)
+    parser.add_argument("--routing", default="cache-aware",
+                        choices=["cache-aware", "least-loaded", "round-robin"],
+                        help="the router's engine choice (docs/routing.md); cache-aware turns "
+                        "on every engine's KV events")
     parser.add_argument("--host", default="127.0.0.1", help="address every member binds")
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free one)")
     parser.add_argument("--api-key", default=None, help="required by the router and engines")
@@ -46,7 +50,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               "--kv-transport", args.kv_transport, *engine_extra]
     auth = ["--api-key", args.api_key] if args.api_key else []
     cluster = Cluster(
-        engine_args=common + auth, router_args=auth, num_prefill=args.num_prefill,
+        engine_args=common + auth, router_args=[*auth, "--routing", args.routing],
+        kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
         log_dir=Path(args.log_dir) if args.log_dir else None,
     )

@@ -4,7 +4,8 @@ A completion (or chat completion) goes to a prefill engine first, with `max_toke
 `kv_transfer_params: {"do_remote_decode": true}`; P computes the prompt, keeps the blocks the
 P/D plan names and answers where they are. The request then goes to a decode engine with P's
 `kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
-router. Engines are chosen least-loaded; an engine that cannot be reached or answers 5xx
+router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
+docs/routing.md); an engine that cannot be reached or answers 5xx
 leaves the rotation and the request is retried on another one; when none is left the client
 gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
 go back to the client unchanged.
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.routing import Prompt, Routing
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class Router:
         request_timeout: float = 600.0,
         connect_timeout: float = 5.0,
         public_url: str = "",
+        routing: Routing | None = None,
     ) -> None:
         self.prefill = BackendPool("prefill", prefill)
         self.decode = BackendPool("decode", decode)
@@ -60,6 +63,7 @@ class Router:
         self.timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
         self.public_url = public_url
         self.stats = RouterStats()
+        self.routing = routing or Routing("least-loaded")
         self.client: httpx.AsyncClient | None = None
 
     # -- one request -------------------------------------------------------------------
@@ -73,12 +77,13 @@ class Router:
             raise APIError(400, "the request body must be a JSON object")
         self.stats.requests += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-        transfer, error = await self._prefill(path, body, headers)
+        prompt = self.routing.prompt(body)
+        transfer, error = await self._prefill(path, body, headers, prompt)
         if error is not None:
             self._count(error.status_code)
             return error
         decode_body = {**body, "kv_transfer_params": transfer}
-        return await self._decode(path, decode_body, headers, bool(body.get("stream")))
+        return await self._decode(path, decode_body, headers, bool(body.get("stream")), prompt)
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -88,7 +93,7 @@ class Router:
             raise APIError(401, "missing or invalid API key", code="invalid_api_key")
 
     async def _prefill(
-        self, path: str, body: dict[str, Any], headers: dict[str, str]
+        self, path: str, body: dict[str, Any], headers: dict[str, str], prompt: Prompt | None
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """P computes the prompt; returns its transfer parameters or a response to relay."""
         prefill_body = {
@@ -99,7 +104,7 @@ class Router:
         if "max_completion_tokens" in prefill_body:
             prefill_body["max_completion_tokens"] = 1
         tried: set[Backend] = set()
-        while (backend := self.prefill.pick(tried)) is not None:
+        while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
             resp = await self._post(self.prefill, backend, path, prefill_body, headers)
             if resp is None:
@@ -137,10 +142,11 @@ class Router:
         return resp
 
     async def _decode(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool
+        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool,
+        prompt: Prompt | None = None,
     ) -> Response:
         tried: set[Backend] = set()
-        while (backend := self.decode.pick(tried)) is not None:
+        while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
             tried.add(backend)
             if not stream:
                 resp = await self._post(self.decode, backend, path, body, headers)
@@ -216,6 +222,7 @@ class Router:
         assert self.client is not None
         while True:
             await asyncio.gather(self.prefill.check(self.client), self.decode.check(self.client))
+            await self.routing.refresh(self.client, [self.prefill, self.decode])
             await asyncio.sleep(HEALTH_INTERVAL_S)
 
     def cluster(self) -> dict[str, Any]:
@@ -247,6 +254,7 @@ def create_router_app(router: Router) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await router.routing.stop()
             await router.client.aclose()
 
     app = FastAPI(title="relaykv router", lifespan=lifespan)
@@ -284,6 +292,10 @@ def create_router_app(router: Router) -> FastAPI:
             "decode": [b.describe() for b in router.decode.backends],
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/routing")
+    async def routing() -> dict[str, Any]:
+        return router.routing.describe()
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:
