@@ -177,3 +177,8 @@ def test_api_key_is_accepted(server: ServerThread) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     resp = httpx.post(f"{server.url}/tokenize", json={"prompt": "a"}, headers=headers)
     assert resp.status_code == 200
+
+
+def test_bootstrap_words_inside_a_prompt_are_not_the_bootstrap_mode(http: httpx.Client) -> None:
+    body = {"prompt": 'say "bootstrap_room": 1', "max_tokens": 2, "bootstrap_extra": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
