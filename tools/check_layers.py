@@ -4,8 +4,9 @@
 
 Usage: check_layers.py [PROJECT_ROOT]   (default: current directory)
 Prints one line per import that goes against the layering, and one line per import circle
-between relaykv modules (every import counts, also those under TYPE_CHECKING or inside a
-function: a circle is a circle), and exits 1 if there is any.
+between relaykv modules, and exits 1 if there is any. For circles every module-level import
+counts, those under `if TYPE_CHECKING:` too (a circle for the type checker is a circle);
+imports inside a function body do not (they run late, on purpose: optional or heavy code).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def import_graph(pkg: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _module_level(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -65,6 +66,20 @@ def import_graph(pkg: Path) -> dict[str, set[str]]:
                         break  # the first existing name: a submodule, else the module
         graph[name] = edges
     return graph
+
+
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """Statements outside function bodies (classes and if/try blocks included)."""
+    out: list[ast.stmt] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        out.append(node)
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            todo.extend(getattr(node, name, []))
+    return out
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:

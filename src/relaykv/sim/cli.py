@@ -1,5 +1,6 @@
 """`relaykv sim`: simulate a P/D cluster running relaykv's own scheduler and cache.
 
+    relaykv sim calibrate --model tiny-hybrid --speculative-tokens 2 --out cpu.json
     relaykv sim --model gpt-oss-20b --hardware h20 --prefill-tp 2 --decode-tp 2 \\
         --link rdma --speculative-tokens 3 --pd-policy all \\
         --dataset-name prefix_repetition --prefix-repetition-prefix-len 65504 \\
@@ -30,18 +31,36 @@ from relaykv.sim.workload import WorkloadError, arrival_offsets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("calibrate",),
+        help="calibrate: fit the cost model on this machine's real runner and transport",
+    )
     sim_args.add_cluster_arguments(parser)
     sim_args.add_workload_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="last stdout line: a JSON list")
     out.add_argument("--result-dir", default=None, help="write the JSON and a PNG plot here")
+    cal = parser.add_argument_group("calibrate")
+    cal.add_argument("--out", default=None, help="the calibration file to write")
+    cal.add_argument("--kv-transport", default="shm", help="the transport to time (shm, tcp)")
+    cal.add_argument(
+        "--calibrate-quick", action="store_true", help="fewer, smaller steps, one repeat"
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.action == "calibrate":
+        from relaykv.sim.calibrate_cli import run_calibration
+
+        if not args.out:
+            parser.error("argument --out: calibrate needs --out FILE")
+        return run_calibration(args, parser)
     try:
         model = model_spec(args.model)
         hardware = hardware_spec(args.hardware)
-        link = link_spec(args.link)
+        link = link_spec(args.link or args.hardware)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -115,7 +134,8 @@ def _save(results: list[dict[str, Any]], args: argparse.Namespace, where: Path) 
     )
     title = (
         f"{args.model} on {args.hardware} ({args.num_prefill}P TP{args.prefill_tp} + "
-        f"{args.num_decode}D TP{args.decode_tp}, {args.link}), {args.dataset_name}"
+        f"{args.num_decode}D TP{args.decode_tp}, {args.link or 'default link'}), "
+        f"{args.dataset_name}"
     )
     plot_run(results, where / f"{stem}.png", title)
     if not args.json:
