@@ -37,7 +37,7 @@ from relaykv.kvcache import (
     rules_for,
 )
 from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
-from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
+from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import find_longest_hit
 from relaykv.kvcache.manager import prefill_hit_cap
 
@@ -202,7 +202,7 @@ class EngineIndex:
         n = req.num_prompt_tokens
         if n <= 1:
             return 0
-        full = [r for r in self.rules if isinstance(r, FullAttentionGroup)]
+        full = [r for r in self.rules if r.prefix_closed]
         if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group
