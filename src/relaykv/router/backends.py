@@ -36,10 +36,15 @@ class Backend:
     def describe(self) -> dict[str, object]:
         age = round(time.monotonic() - self.last_check, 3) if self.last_check else None
         return {
-            "url": self.url, "role": self.role, "healthy": self.healthy,
-            "in_flight": self.in_flight, "requests": self.requests, "failures": self.failures,
+            "url": self.url,
+            "role": self.role,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "failures": self.failures,
             "last_error": self.last_error if not self.healthy else "",
-            "last_failure": self.last_failure, "seconds_since_check": age,
+            "last_failure": self.last_failure,
+            "seconds_since_check": age,
         }
 
 
@@ -76,6 +81,7 @@ class BackendPool:
 
     async def check(self, client: httpx.AsyncClient, timeout: float = 2.0) -> None:
         """Probe every backend's /health; a recovered one rejoins the rotation."""
+
         async def one(backend: Backend) -> None:
             try:
                 resp = await client.get(f"{backend.url}/health", timeout=timeout)

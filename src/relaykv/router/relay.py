@@ -87,7 +87,10 @@ class Router:
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """P computes the prompt; returns its transfer parameters or a response to relay."""
         overrides: dict[str, Any] = {
-            "stream": False, "stream_options": None, "max_tokens": 1, "min_tokens": 0,
+            "stream": False,
+            "stream_options": None,
+            "max_tokens": 1,
+            "min_tokens": 0,
             "kv_transfer_params": {"do_remote_decode": True},
         }
         if "max_completion_tokens" in body.data:
@@ -135,7 +138,11 @@ class Router:
         return resp
 
     async def _decode(
-        self, path: str, body: bytes, headers: dict[str, str], stream: bool,
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        stream: bool,
         prompt: Prompt | None = None,
     ) -> Response:
         tried: set[Backend] = set()
@@ -216,7 +223,8 @@ class Router:
 def _relay(resp: httpx.Response) -> Response:
     """An engine's answer, passed through (content type and status kept)."""
     return Response(
-        content=resp.content, status_code=resp.status_code,
+        content=resp.content,
+        status_code=resp.status_code,
         media_type=resp.headers.get("content-type", "application/json"),
     )
 
