@@ -1,7 +1,8 @@
 """The FastAPI application: routes, the access gate, error handlers, the engine's lifespan.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-`GET /v1/models/{id}` (404 `model_not_found` for another id), `GET /health`, `GET /metrics`, and for production routers vLLM's `POST /tokenize`,
+`GET /v1/models/{id}` (404 `model_not_found` for another id), `GET /health`, `GET /metrics`,
+and for production routers vLLM's `POST /tokenize`,
 `/detokenize`, `/v1/completions/render`, `/v1/chat/completions/render` (`vllm_compat`) and
 `GET /get_load`, `/health_generate` (`router_probes`). The gate (a plain ASGI middleware, so
 streams and disconnects pass through untouched) answers every `/v1/...` request (and
