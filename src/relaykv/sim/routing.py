@@ -43,7 +43,8 @@ class SimRouter:
     def pick(self, role: str, tokens: list[int]) -> SimEngine:
         """The engine of `role` the router sends this prompt to (counted in flight)."""
         backends = self.pools[role].backends
-        prompt = Prompt(tokens) if self.indexes else None
+        # One engine: every policy picks it, so skip scoring (the hashing and lookups).
+        prompt = Prompt(tokens) if self.indexes and len(backends) > 1 else None
         candidates = []
         for b in backends:
             engine = self.engines[b.url]
