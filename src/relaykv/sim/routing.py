@@ -49,7 +49,7 @@ class SimRouter:
         for b in backends:
             engine = self.engines[b.url]
             index = self.indexes.get(b.url)
-            hit = index.usable_hit(prompt.request_for(index)) if index and prompt else 0
+            hit = _usable_hit(index, prompt) if index and prompt else 0
             candidates.append(
                 Candidate(
                     hit_tokens=hit,
@@ -66,6 +66,20 @@ class SimRouter:
 
     def done(self, engine: SimEngine) -> None:
         self.backends[engine.name].in_flight -= 1
+
+
+def _usable_hit(index: EngineIndex, prompt: Prompt) -> int:
+    """`index.usable_hit`, skipping engines that lack the prompt's first full-attention
+    block: every role's hit needs it (a full group is downward closed, KVCACHE.md section 5),
+    so the answer there is 0 without the lookup (`test_routing.py` checks they agree)."""
+    req = prompt.request_for(index)
+    for rule in index.rules:
+        if not rule.spec.is_sliding:
+            keys = req.keys(rule.index)
+            if keys and keys[0] not in index.maps[rule.index]:
+                return 0
+            break
+    return index.usable_hit(req)
 
 
 def _feeder(index: EngineIndex) -> Callable[[KVEvent], None]:
