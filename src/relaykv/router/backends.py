@@ -32,8 +32,12 @@ class Backend:
 
     def describe(self) -> dict[str, object]:
         return {
-            "url": self.url, "role": self.role, "healthy": self.healthy,
-            "in_flight": self.in_flight, "requests": self.requests, "failures": self.failures,
+            "url": self.url,
+            "role": self.role,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "failures": self.failures,
             "last_error": self.last_error,
         }
 
@@ -71,6 +75,7 @@ class BackendPool:
 
     async def check(self, client: httpx.AsyncClient, timeout: float = 2.0) -> None:
         """Probe every backend's /health; a recovered one rejoins the rotation."""
+
         async def one(backend: Backend) -> None:
             try:
                 resp = await client.get(f"{backend.url}/health", timeout=timeout)

@@ -97,7 +97,10 @@ class Router:
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """P computes the prompt; returns its transfer parameters or a response to relay."""
         prefill_body = {
-            **body, "stream": False, "max_tokens": 1, "min_tokens": 0,
+            **body,
+            "stream": False,
+            "max_tokens": 1,
+            "min_tokens": 0,
             "kv_transfer_params": {"do_remote_decode": True},
         }
         prefill_body.pop("stream_options", None)
@@ -142,7 +145,11 @@ class Router:
         return resp
 
     async def _decode(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool,
+        self,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        stream: bool,
         prompt: Prompt | None = None,
     ) -> Response:
         tried: set[Backend] = set()
@@ -232,7 +239,8 @@ class Router:
 def _relay(resp: httpx.Response) -> Response:
     """An engine's answer, passed through (content type and status kept)."""
     return Response(
-        content=resp.content, status_code=resp.status_code,
+        content=resp.content,
+        status_code=resp.status_code,
         media_type=resp.headers.get("content-type", "application/json"),
     )
 
@@ -276,9 +284,14 @@ def create_router_app(router: Router) -> FastAPI:
         if backend is None:
             return _unavailable("decode")
         try:
-            return _relay(await router.client.get(f"{backend.url}/v1/models", headers={
-                k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS
-            }))
+            return _relay(
+                await router.client.get(
+                    f"{backend.url}/v1/models",
+                    headers={
+                        k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS
+                    },
+                )
+            )
         except httpx.HTTPError as exc:
             router.decode.failed(backend, str(exc))
             return _unavailable("decode")
@@ -310,8 +323,10 @@ def create_router_app(router: Router) -> FastAPI:
             "# TYPE relaykv:router_retries counter",
             f"relaykv:router_retries_total {s.retries}",
             "# TYPE relaykv:router_responses counter",
-            *(f'relaykv:router_responses_total{{status="{k}"}} {v}'
-              for k, v in sorted(s.by_status.items())),
+            *(
+                f'relaykv:router_responses_total{{status="{k}"}} {v}'
+                for k, v in sorted(s.by_status.items())
+            ),
         ]
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 

@@ -32,7 +32,7 @@ from relaykv.engine import AsyncEngine
 from relaykv.serve import chat, completions, router_probes, vllm_compat
 from relaykv.serve.engine_factory import ServedEngine
 from relaykv.serve.metrics import engine_registry
-from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap
+from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap, sglang_bootstrap
 from relaykv.serve.state import ServerState, server_state
 
 log = logging.getLogger("relaykv.serve")
@@ -102,12 +102,12 @@ def create_app(
     )
     app.state.relaykv = state
     install_error_handlers(app)
-    # SGLang's bootstrap P/D fields are refused before any handler runs (sglang_bootstrap.py)
-    sglang_guard = [Depends(refuse_sglang_bootstrap)]
+    # SGLang's bootstrap P/D fields: refused, or the room handshake (sglang_bootstrap.py)
+    sglang_guard = [Depends(sglang_bootstrap)]
     app.include_router(completions.router, dependencies=sglang_guard)
     app.include_router(chat.router, dependencies=sglang_guard)
     # vLLM's extra endpoints production routers poll (vllm_compat.py, router_probes.py)
-    app.include_router(vllm_compat.router, dependencies=sglang_guard)
+    app.include_router(vllm_compat.router, dependencies=[Depends(refuse_sglang_bootstrap)])
     app.include_router(router_probes.router)
     registry = engine_registry(served.engine, served.served_model_name)
 
