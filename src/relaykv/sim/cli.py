@@ -106,6 +106,7 @@ def simulate(
         total=len(requests) + args.num_warmups,
         desc=f"sim {policy}",
         unit="req",
+        mininterval=1.0,
         file=sys.stderr,
         disable=getattr(args, "disable_tqdm", True),
     )
