@@ -12,13 +12,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
-from hypothesis import HealthCheck, given, settings
 
 from relaykv.engine import LLMEngine
 from relaykv.router.relay import Router, create_router_app
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import get_transport
-from tests.serve.body_strategies import check_answer, requests
+from tests.serve.body_strategies import fuzz
 from tests.serve.harness import ServerThread, free_socket, reference_served
 
 EXAMPLES = 1000
@@ -75,19 +74,7 @@ def test_fuzzed_bodies_through_the_router_never_get_a_500(cluster) -> None:
         ok = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
         assert ok.status_code == 200, ok.text  # the pair works, so bodies reach both hops
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(requests)
-        def one(request: tuple[str, bytes]) -> None:
-            path, raw = request
-            resp = client.post(path, content=raw, headers={"Content-Type": "application/json"})
-            check_answer(resp.status_code, resp.text)
-
-        one()
+        fuzz(client, EXAMPLES)
         metrics = client.get("/metrics").text
     assert 'status="5' not in metrics, metrics
     assert d.idle(), "the decode engine kept requests or blocks"

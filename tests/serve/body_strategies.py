@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 HOSTILE_NUMBERS = [
@@ -136,3 +138,21 @@ def check_answer(status: int, text: str) -> None:
     if status == 200 and text.startswith("data:"):
         assert text.endswith("data: [DONE]\n\n"), text[-300:]
         assert '"error"' not in text, text[:500]
+
+
+def fuzz(client: httpx.Client, examples: int) -> None:
+    """POST `examples` generated bodies through `client`, checking each answer."""
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,  # the same bodies on every run: a failure reproduces
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(requests)
+    def one(request: tuple[str, bytes]) -> None:
+        path, raw = request
+        resp = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+        check_answer(resp.status_code, resp.text)
+
+    one()

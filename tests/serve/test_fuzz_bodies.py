@@ -8,9 +8,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
 
-from .body_strategies import check_answer, requests
+from .body_strategies import fuzz
 from .harness import ServerThread, reference_served
 
 EXAMPLES = 1000
@@ -25,19 +24,6 @@ def fuzzed() -> Iterator[ServerThread]:
 
 def test_fuzzed_bodies_never_get_a_500(fuzzed: ServerThread) -> None:
     with httpx.Client(base_url=fuzzed.url, timeout=30) as client:
-
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(requests)
-        def one(request: tuple[str, bytes]) -> None:
-            path, raw = request
-            resp = client.post(path, content=raw, headers={"Content-Type": "application/json"})
-            check_answer(resp.status_code, resp.text)
-
-        one()
+        fuzz(client, EXAMPLES)
     assert fuzzed.idle(), "a fuzzed request left blocks or requests behind"
     assert httpx.get(f"{fuzzed.url}/health").status_code == 200
