@@ -19,9 +19,13 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from relaykv.model.presets import PRESET_NAMES
+
+if TYPE_CHECKING:  # torch: imported only when the command runs
+    from relaykv.engine import LLMEngine
+    from relaykv.model import EagleDraft, LoadedModel, ModelRunner
 
 
 class UsageError(ValueError):
@@ -109,14 +113,14 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _prompts(args: argparse.Namespace, loaded: object) -> list[list[int]]:
+def _prompts(args: argparse.Namespace, loaded: LoadedModel) -> list[list[int]]:
     prompts = [_parse_ids(text) for text in args.prompt_ids]
     if args.prompt:
-        tokenizer = loaded.tokenizer  # type: ignore[attr-defined]
+        tokenizer = loaded.tokenizer
         if tokenizer is None:
             raise UsageError(f"--prompt: model {args.model} has no tokenizer; use --prompt-ids")
         prompts = [tokenizer.encode(text) for text in args.prompt] + prompts
-    vocab = loaded.config.vocab_size  # type: ignore[attr-defined]
+    vocab = loaded.config.vocab_size
     for ids in prompts:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
@@ -126,11 +130,11 @@ def _prompts(args: argparse.Namespace, loaded: object) -> list[list[int]]:
     return prompts
 
 
-def _draft(args: argparse.Namespace, loaded: object):  # -> EagleDraft | None
+def _draft(args: argparse.Namespace, loaded: LoadedModel) -> EagleDraft | None:
     from relaykv.model.eagle import load_eagle_checkpoint, random_draft
 
-    config = loaded.config  # type: ignore[attr-defined]
-    dtype = loaded.model.dtype  # type: ignore[attr-defined]
+    config = loaded.config
+    dtype = loaded.model.dtype
     if args.speculative_tokens == 0:
         return None
     if args.draft_model == "random":
@@ -155,7 +159,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _engine(args: argparse.Namespace, loaded: Any, draft: Any, prompts: list[list[int]]) -> Any:
+def _engine(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    draft: EagleDraft | None,
+    prompts: list[list[int]],
+) -> tuple[LLMEngine, ModelRunner]:
     """An `LLMEngine` over a `ModelRunner` whose pool holds every prompt at once."""
     from relaykv.engine import EngineConfig, LLMEngine, SchedulerConfig
     from relaykv.kvcache import CacheSizing
@@ -180,12 +189,13 @@ def _engine(args: argparse.Namespace, loaded: Any, draft: Any, prompts: list[lis
         num_speculative_tokens=k,
     )
     config = EngineConfig(num_blocks=runner.kv.num_blocks, scheduler=scheduler)
-    return LLMEngine(
+    engine = LLMEngine(
         runner,
         config,
         eos_token_ids=loaded.eos_token_ids,
         vocab_size=loaded.config.vocab_size,
     )
+    return engine, runner
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -201,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model: {exc}") from None
     prompts = _prompts(args, loaded)
     draft = _draft(args, loaded)
-    engine = _engine(args, loaded, draft, prompts)
+    engine, runner = _engine(args, loaded, draft, prompts)
     params = [
         SamplingParams(
             max_tokens=args.max_tokens,
@@ -255,6 +265,6 @@ def _run(args: argparse.Namespace) -> int:
     generated = sum(len(r.output_ids) for r in results)
     summary = f"{len(results)} prompts, {generated} tokens in {elapsed:.2f}s"
     if args.speculative_tokens:
-        summary += f", draft acceptance {engine.executor.stats.acceptance_rate:.0%}"
+        summary += f", draft acceptance {runner.stats.acceptance_rate:.0%}"
     print(summary, file=sys.stderr)
     return 0
