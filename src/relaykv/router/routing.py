@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ import httpx
 
 from relaykv.kvcache import CacheRequest
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.holders import KeyHolders, PromptCounts
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
 from relaykv.router.policy import (
@@ -44,6 +46,16 @@ class Prompt:
     tokens: list[int]
     salt: str | None = None
     _requests: dict[Any, CacheRequest] = field(default_factory=dict)
+    _counts: dict[Any, PromptCounts] = field(default_factory=dict)
+
+    def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
+        """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
+        key = (index.geometry, group)
+        found = self._counts.get(key)
+        if found is None:
+            keys = self.request_for(index).keys(group)
+            found = self._counts[key] = PromptCounts(holders, group, keys)
+        return found
 
     def request_for(self, index: EngineIndex) -> CacheRequest:
         """One hashed request per geometry, shared by every engine that has it."""
@@ -79,6 +91,7 @@ class Routing:
         self.policies: dict[str, RoutingPolicy] = {}
         self.trackers: dict[str, EngineTracker] = {}
         self.peak_load_ratio: dict[str, float] = {}  # per role: max chosen load / mean load
+        self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
         self._tokenizer: Any = None
         self._tokenizer_info: dict[str, Any] | None = None
 
@@ -122,7 +135,10 @@ class Routing:
             t = self.tracker(b)
             index = t.index if prompt is not None and t.subscriber is not None else None
             indexes.append(index)
-            bound = index.hit_bound(prompt.request_for(index)) if prompt and index else 0
+            bound = 0
+            if prompt is not None and index is not None:
+                counts = partial(prompt.counts, self.holders, index)
+                bound = index.hit_bound(prompt.request_for(index), counts)
             candidates.append(
                 Candidate(
                     hit_tokens=bound,
@@ -188,6 +204,8 @@ class Routing:
         if t.subscriber is not None:
             await t.subscriber.stop()
             t.subscriber = None
+        if t.index is not None:
+            t.index.close()
         t.instance = info.get("instance")
         try:
             geometry = geometry_from_json(info.get("geometry") or {})
@@ -195,10 +213,12 @@ class Routing:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
             t.index = None
             return
+        role = str(info.get("role", "colocated"))
         t.index = EngineIndex(
             geometry,
-            str(info.get("role", "colocated")),
+            role,
             str(info.get("pd_policy", "per-group")),
+            holders=self.holders if role == "decode" else None,
         )
         events = info.get("kv_events")
         if self.mode != "cache-aware" or not isinstance(events, dict):
