@@ -50,8 +50,8 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
             assert ix.hit_bound(prompt.request_for(ix), counts) >= hit
         full = CacheAwarePolicy().choose(
             [
-                Candidate(h, len(prompt_tokens), b.in_flight)
-                for h, b in zip(exact, pool.backends, strict=True)
+                Candidate(h, len(prompt_tokens), b.in_flight, cached_blocks=ix.num_blocks)
+                for h, b, ix in zip(exact, pool.backends, indexes, strict=True)
             ]
         )
         chosen = routing.pick(pool, set(), Prompt(prompt_tokens))

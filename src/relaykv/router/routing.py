@@ -146,6 +146,7 @@ class Routing:
                     in_flight=b.in_flight,
                     waiting=t.waiting,
                     kv_usage=t.kv_usage,
+                    cached_blocks=index.num_blocks if index is not None else 0,
                 )
             )
         exact: dict[int, int] = {}
