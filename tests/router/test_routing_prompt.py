@@ -35,3 +35,33 @@ def test_prompt_tokens_from_ids_text_and_salt() -> None:
     ):
         assert routing.prompt(body) is None
     assert Routing("least-loaded").prompt({"prompt": [1, 2]}) is None
+
+
+async def test_chat_prompt_through_the_engines_tokenize() -> None:
+    import httpx
+
+    from relaykv.router.backends import BackendPool
+
+    seen: list[dict] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        import json
+
+        seen.append(json.loads(request.content))
+        if request.url.path != "/tokenize":
+            return httpx.Response(404)
+        if seen[-1].get("continue_final_message"):
+            return httpx.Response(400, json={"error": {"message": "no"}})
+        return httpx.Response(200, json={"tokens": [1, 9, 9, 4], "count": 4})
+
+    pool = BackendPool("prefill", ["http://p0"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "t"}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        prompt = await Routing("cache-aware").chat_prompt(client, pool, body, {})
+        assert prompt is not None and prompt.tokens == [1, 9, 9, 4] and prompt.salt == "t"
+        bad = {**body, "continue_final_message": True}
+        assert await Routing("cache-aware").chat_prompt(client, pool, bad, {}) is None
+        assert await Routing("least-loaded").chat_prompt(client, pool, body, {}) is None
+        pool.backends[0].healthy = False
+        assert await Routing("cache-aware").chat_prompt(client, pool, body, {}) is None
+    assert seen[0]["messages"] == body["messages"]

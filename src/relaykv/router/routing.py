@@ -11,7 +11,8 @@ then judged on load alone) and its load, and lets the policy choose.
 
 Prompt tokens come from the request: a completion's token ids as sent, or its text encoded
 with the engine's own tokenizer (fetched once from `/v1/kv_cache_info/tokenizer`, loaded with
-`tokenizers`). Chat messages are routed on load alone (the chat template lives in the engine).
+`tokenizers`). Chat messages are tokenized by an engine's `POST /tokenize` (its own chat
+template), one round trip; if that fails the request is routed on load alone.
 """
 
 from __future__ import annotations
@@ -120,6 +121,32 @@ class Routing:
                 ids = [bos, *ids]
             return Prompt(list(ids), salt)
         return None
+
+    async def chat_prompt(
+        self,
+        client: httpx.AsyncClient,
+        pool: BackendPool,
+        body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> Prompt | None:
+        """A chat request's prompt tokens from an engine's `POST /tokenize` (the engine
+        applies its own chat template); None (load-only routing) when it cannot answer."""
+        if self.mode != "cache-aware" or not isinstance(body.get("messages"), list):
+            return None
+        backend = next((b for b in pool.backends if b.healthy), None)
+        if backend is None:
+            return None
+        try:
+            resp = await client.post(
+                f"{backend.url}/tokenize", json=body, headers=headers, timeout=5.0
+            )
+            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
+            return None
+        salt = body.get("cache_salt")
+        return Prompt(tokens, salt if isinstance(salt, str) else None)
 
     # -- choice ------------------------------------------------------------------------
     def pick(self, pool: BackendPool, tried: set[Backend], prompt: Prompt | None) -> Backend | None:
