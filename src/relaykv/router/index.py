@@ -227,8 +227,8 @@ class EngineIndex:
             limit = min(cap // rule.block_size + rule.peek, len(keys))
             # The exact run of held blocks from block 0 ends at or before the first missing
             # block; probing one block in _BOUND_STRIDE finds one within a stride of it.
-            run = limit
-            for k in range(min(_BOUND_STRIDE, limit) - 1, limit, _BOUND_STRIDE):
+            run = max(0, limit)
+            for k in range(min(_BOUND_STRIDE, run) - 1, run, _BOUND_STRIDE) if run else ():
                 if keys[k] not in gmap:
                     run = k
                     break
