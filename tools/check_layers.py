@@ -16,6 +16,7 @@ ALLOWED = {
     "kvcache": set(),
     "model": {"kvcache"},
     "engine": {"kvcache"},
+    "distill": {"kvcache", "model", "engine"},
     "transfer": {"kvcache", "engine", "model"},
     "serve": {"kvcache", "engine", "model", "transfer"},
     "bench": {"serve"},
