@@ -64,6 +64,8 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
+    import torch
+
     from relaykv.distill.data import build_corpus, load_corpus
     from relaykv.distill.evaluate import measure_acceptance
     from relaykv.distill.heldout import held_out_prompts
@@ -83,7 +85,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model: {exc}") from None
     paths = build_corpus(recipe, loaded, out / "data", progress)
     corpus_s = time.monotonic() - started
-    data = stack_corpus(load_corpus(paths))
+    shards = load_corpus(paths)
+    data = stack_corpus(shards)
     draft = train_draft(
         loaded.model, recipe, data, out / "train" / "state.pt", args.token_budget, progress
     )
@@ -91,7 +94,12 @@ def _run(args: argparse.Namespace) -> int:
     report: dict[str, object] = {
         "model": recipe.model,
         "out": str(out),
-        "corpus_tokens": int(data.loss_reg.sum()) + 2 * len(data.tokens),
+        "corpus_sequences": len(data.tokens),
+        "corpus_tokens": sum(s.num_tokens for s in shards),
+        "trained_positions": int(torch.load(out / "train" / "state.pt", weights_only=True)["step"])
+        * recipe.batch_sequences
+        * data.positions
+        // len(data.tokens),
         "wall_s": round(time.monotonic() - started, 1),
         "corpus_wall_s": round(corpus_s, 1),
     }

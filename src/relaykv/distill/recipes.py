@@ -45,19 +45,19 @@ RECIPES: dict[str, Recipe] = {
         batch_sequences=16,
         lr=3e-3,
     ),
-    # Gemma-3-270M: greedy continuations of 64 varied prompts; the 262k-entry LM head makes
+    # Gemma-3-270M: greedy continuations of 32 varied prompts; the 262k-entry LM head makes
     # a full-vocabulary cross-entropy the dominant cost, so the loss ranges over the tokens
     # that occur in the corpus (every label does).
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=64,
+        num_prompts=32,
         prompt_tokens=8,
         gen_len=96,
         shard_prompts=32,
         draft_heads=2,
         draft_intermediate=512,
-        token_budget=100_000,
+        token_budget=40_000,
         batch_sequences=8,
         lr=2e-3,
         vocab_subset=True,

@@ -24,6 +24,8 @@ class NoDefaultDraft(LookupError):
 
 
 def shipped_draft_dir(name: str) -> Path | None:
+    if not name or Path(name).name != name or name.startswith("."):
+        return None  # a path (an HF directory, a .gguf file): no shipped draft
     path = DRAFT_WEIGHTS / name
     return path if (path / "model.safetensors").is_file() else None
 
@@ -32,14 +34,21 @@ def has_default_draft(name: str) -> bool:
     return shipped_draft_dir(name) is not None
 
 
+def shipped_drafts() -> list[str]:
+    """Names of the presets that ship a draft."""
+    if not DRAFT_WEIGHTS.is_dir():
+        return []
+    return sorted(p.name for p in DRAFT_WEIGHTS.iterdir() if shipped_draft_dir(p.name))
+
+
 def default_draft(name: str, config: ModelConfig, dtype: torch.dtype = torch.float32) -> EagleDraft:
     """The shipped draft of preset `name`, in `dtype`; `NoDefaultDraft` if it has none."""
     path = shipped_draft_dir(name)
     if path is None:
-        shipped = sorted(p.name for p in DRAFT_WEIGHTS.iterdir()) if DRAFT_WEIGHTS.is_dir() else []
+        shipped = ", ".join(shipped_drafts()) or "none"
         raise NoDefaultDraft(
-            f"model {name} has no built-in EAGLE draft (built-in: {', '.join(shipped) or 'none'}); "
-            f"give an EAGLE checkpoint directory, e.g. one made by `relaykv distill-draft "
-            f"--model {name} --out DIR`"
+            f"model {name} has no built-in EAGLE draft (built-in: {shipped}); give "
+            f"--draft-model PATH (an EAGLE checkpoint directory, e.g. one made by `relaykv "
+            f"distill-draft --model {name} --out DIR`) or --draft-model random"
         )
     return load_eagle_checkpoint(path, config, dtype)
