@@ -18,9 +18,11 @@ ALLOWED = {
     "engine": {"kvcache"},
     "distill": {"kvcache", "model", "engine"},
     "transfer": {"kvcache", "engine", "model"},
+    "router": {"kvcache"},
     "serve": {"kvcache", "engine", "model", "transfer"},
-    "bench": {"serve"},
-    "sim": {"kvcache", "engine", "transfer"},
+    "launch": {"serve", "router"},
+    "bench": set(),
+    "sim": {"kvcache", "engine", "transfer", "router"},
 }
 FORBIDDEN_THIRD_PARTY = {"kvcache": {"torch"}}
 

@@ -6,8 +6,8 @@ import argparse
 import importlib
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("relaykv.bench.serve_cli", "streaming load generator (vllm bench serve flags)"),
-    "ab": ("relaykv.bench.ab_cli", "one workload on fresh clusters per configuration, A/B/A"),
+    "serve": ("relaykv.bench.serve.cli", "streaming load generator (vllm bench serve flags)"),
+    "ab": ("relaykv.bench.ab.cli", "one workload on fresh clusters per configuration, A/B/A"),
 }
 
 

@@ -17,6 +17,7 @@ Safety rules (§7):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -161,36 +162,11 @@ class DecodeLoads:
         return load
 
     def _reusable(self, req: CacheRequest, rule: GroupRules, held: range) -> dict[int, int]:
-        """Per-group reuse: each held block D holds by hash (§7 `per-group`).
-
-        In a draft group under the EAGLE drop a block's draft KV depends on the token after
-        it, so it is reused only when the next block is held too (the peek, per block).
-        """
-        keys = req.keys(rule.index)
-        gmap = self.manager.pool.maps[rule.index]
-        out: dict[int, int] = {}
-        for k in held:
-            if k >= len(keys):
-                break
-            block = gmap.get(keys[k])
-            if block is None:
-                continue
-            if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
-                continue
-            out[k] = block
-        return out
+        return reusable_blocks(req, rule, self.manager.pool.maps[rule.index], held)
 
     def _tokens_local_everywhere(self, local: list[dict[int, int]], n: int) -> int:
-        """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
-        rules = [r for r in self.manager.rules if isinstance(r, FullAttentionGroup)]
-        rules = rules or list(self.manager.rules)
-        unit = self.manager.geometry.hash_unit
-        count = 0
-        for j in range(n // unit):
-            p = j * unit
-            if all(p // r.block_size in local[r.index] for r in rules):
-                count += unit
-        return min(count, n - 1)
+        m = self.manager
+        return tokens_local_everywhere(m.rules, m.geometry.hash_unit, local, n)
 
     def _record(self, load: KVLoad) -> None:
         m = self.manager
@@ -265,14 +241,15 @@ class DecodeLoads:
                 continue
             keys = req.keys(rule.index)
             mask = load.plan.cache_mask(rule, m.retention, load.junction)
-            m.pool.cache_blocks(
-                rule.index,
-                (
-                    (block, keys[k])
-                    for k, block in items
-                    if k < len(keys) and (mask is None or k in mask)
-                ),
-            )
+            with m.publishing(req, min(k for k, _ in items)):
+                m.pool.cache_blocks(
+                    rule.index,
+                    (
+                        (block, keys[k])
+                        for k, block in items
+                        if k < len(keys) and (mask is None or k in mask)
+                    ),
+                )
 
     def _mark_cached(self, load: KVLoad) -> None:
         # The prompt's full blocks have all been considered for hashing; later `cache`
@@ -300,3 +277,49 @@ class DecodeLoads:
             return True
         self._drop(load)
         return False
+
+
+def reusable_blocks(
+    req: CacheRequest, rule: GroupRules, gmap: Mapping[bytes, int], held: range
+) -> dict[int, int]:
+    """Per-group reuse: each held block D holds by hash (§7 `per-group`).
+
+    In a draft group under the EAGLE drop a block's draft KV depends on the token after
+    it, so it is reused only when the next block is held too (the peek, per block).
+    """
+    keys = req.keys(rule.index)
+    start, stop = held.start, min(held.stop, len(keys))
+    if start >= stop:
+        return {}
+    # map() runs the probes in C (a router scores every decode engine with this).
+    found = map(gmap.get, keys[start:stop])
+    if rule.peek:
+        proven = map(gmap.__contains__, keys[start + 1 : stop + 1])  # one short at the end
+        return {
+            k: b for k, b, ok in zip(range(start, stop), found, proven, strict=False) if ok and b
+        }
+    return {k: b for k, b in zip(range(start, stop), found, strict=True) if b is not None}
+
+
+def tokens_local_everywhere(
+    rules: Sequence[GroupRules], unit: int, local: list[dict[int, int]], n: int
+) -> int:
+    """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
+    full = [r for r in rules if isinstance(r, FullAttentionGroup)] or list(rules)
+    units = n // unit
+    if len(full) == 1:
+        # One group: block k covers units [k*ratio, (k+1)*ratio); count those below `units`.
+        ratio = full[0].block_size // unit
+        local_k = local[full[0].index]
+        if not local_k:
+            return 0
+        if (max(local_k) + 1) * ratio <= units:
+            return min(len(local_k) * ratio * unit, n - 1)
+        count = sum(min(ratio, units - k * ratio) for k in local_k if k * ratio < units)
+        return min(count * unit, n - 1)
+    count = 0
+    for j in range(units):
+        p = j * unit
+        if all(p // r.block_size in local[r.index] for r in full):
+            count += unit
+    return min(count, n - 1)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from relaykv.api_errors import APIError
 from relaykv.engine import AsyncEngine
 from relaykv.serve.engine_factory import ServedEngine
-from relaykv.serve.errors import APIError
 
 
 @dataclass(slots=True)

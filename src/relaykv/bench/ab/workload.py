@@ -1,0 +1,141 @@
+"""The A/B workload: groups of prefix_repetition requests (the seed's c1/output1 style).
+
+A group `cC/outputO:N` sends N prompts at concurrency C, each asking for O tokens, after
+the warmups (copies of the group's first request, unmeasured and not counted in the
+engine counters). Group i uses seed `seed + i`, so groups do not share prefixes with each
+other and every configuration sees identical prompts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaykv.bench.client import ApiTarget
+from relaykv.bench.datasets import prefix_repetition_requests
+from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
+from relaykv.bench.metrics import compute_metrics
+from relaykv.bench.runner import LoadShape, run_requests
+from relaykv.bench.serve.report import RunDescription, build_result
+from relaykv.bench.server_info import ServerError
+
+GROUP_PATTERN = re.compile(r"^c(\d+)/output(\d+):(\d+)$")
+DEFAULT_GROUPS: tuple[str, ...] = ("c1/output1:8", "c8/output1:40", "c8/output128:40")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    concurrency: int
+    output_len: int
+    num_prompts: int
+
+    @property
+    def label(self) -> str:
+        return f"c{self.concurrency}/output{self.output_len}"
+
+
+def parse_group(text: str) -> GroupSpec:
+    """`c8/output128:40` -> concurrency 8, 128 output tokens, 40 prompts."""
+    match = GROUP_PATTERN.match(text.strip())
+    if not match:
+        raise ValueError(f"--groups: expected cCONCURRENCY/outputTOKENS:PROMPTS, got {text!r}")
+    concurrency, output_len, prompts = (int(g) for g in match.groups())
+    if concurrency < 1 or prompts < 1:
+        raise ValueError(f"--groups: concurrency and prompts must be >= 1 in {text!r}")
+    return GroupSpec(concurrency, output_len, prompts)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    groups: tuple[GroupSpec, ...]
+    prefix_len: int = 8192
+    suffix_len: int = 64
+    num_prefixes: int = 1
+    num_warmups: int = 1
+    seed: int = 0
+    percentiles: tuple[float, ...] = (99.0,)
+
+
+@dataclass(slots=True)
+class GroupResult:
+    group: str
+    result: dict[str, Any]
+    ttfts_ms: list[float]
+    counters: dict[str, Counters]
+    errors: list[str] = field(default_factory=list)
+
+
+async def _counters(cluster: ClusterUrls, log: Callable[[str], None]) -> dict[str, Counters | None]:
+    out: dict[str, Counters | None] = {}
+    for role, urls in (("prefill", cluster.prefill), ("decode", cluster.decode)):
+        try:
+            out[role] = await scrape_counters(urls)
+        except ServerError as exc:
+            log(f"warning: cannot read {role} counters: {exc}")
+            out[role] = None
+    return out
+
+
+def _deltas(
+    before: dict[str, Counters | None], after: dict[str, Counters | None]
+) -> dict[str, Counters]:
+    deltas: dict[str, Counters] = {}
+    for role in ("prefill", "decode"):
+        b, a = before.get(role), after.get(role)
+        deltas[role] = counter_deltas(b, a) if b is not None and a is not None else {}
+    return deltas
+
+
+async def run_group(
+    target: ApiTarget,
+    cluster: ClusterUrls,
+    workload: Workload,
+    index: int,
+    vocab_size: int,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> GroupResult:
+    group = workload.groups[index]
+    requests = prefix_repetition_requests(
+        group.num_prompts,
+        vocab_size,
+        prefix_len=workload.prefix_len,
+        suffix_len=workload.suffix_len,
+        num_prefixes=workload.num_prefixes,
+        output_len=group.output_len,
+        seed=workload.seed + index,
+    )
+    shape = LoadShape(max_concurrency=group.concurrency, seed=workload.seed + index)
+    if workload.num_warmups:
+        await run_requests(
+            target,
+            [requests[0]] * workload.num_warmups,
+            shape,
+            progress=progress,
+            desc=f"{group.label} warmup",
+        )
+    before = await _counters(cluster, log)
+    run = await run_requests(target, requests, shape, progress=progress, desc=group.label)
+    after = await _counters(cluster, log)
+    metrics = compute_metrics(run.outcomes, run.duration_s, workload.percentiles)
+    description = RunDescription(
+        backend="openai",
+        model_id=target.model,
+        num_prompts=len(requests),
+        request_rate=float("inf"),
+        burstiness=1.0,
+        max_concurrency=group.concurrency,
+        label=group.label,
+        percentile_metrics=("ttft", "tpot", "itl", "e2el"),
+    )
+    result = build_result(description, metrics, run.duration_s, run.outcomes)
+    return GroupResult(
+        group=group.label,
+        result=result,
+        ttfts_ms=[o.ttft * 1000 for o in run.outcomes if o.success],
+        counters=_deltas(before, after),
+        errors=[o.error for o in run.outcomes if not o.success][:10],
+    )

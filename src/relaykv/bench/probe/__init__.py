@@ -1,0 +1,1 @@
+"""`relaykv probe`: the seed's fixed-engine P/D prefix-cache probe."""

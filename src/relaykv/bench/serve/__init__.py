@@ -1,0 +1,1 @@
+"""`relaykv bench serve`: the vLLM-compatible streaming load generator."""

@@ -1,0 +1,1 @@
+"""relaykv.launch: `relaykv up`, starting and stopping a local P/D cluster."""

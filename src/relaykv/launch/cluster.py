@@ -1,0 +1,168 @@
+"""Start and stop a local P/D cluster: prefill engines, decode engines and a router.
+
+Every member is its own `relaykv` process (the same commands a two-host deployment runs), on
+free loopback ports unless told otherwise, with its output in a log file. `Cluster.start`
+returns once every member answers `/health`; a member that exits during startup stops the
+whole cluster with the tail of its log. `Cluster.stop` sends SIGTERM (members drain), then
+SIGKILL after a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(slots=True)
+class Member:
+    name: str
+    url: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class ClusterError(RuntimeError):
+    """A member could not start; the message says which and why."""
+
+
+@dataclass
+class Cluster:
+    engine_args: list[str]
+    prefill_args: list[str] = field(default_factory=list)
+    decode_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    num_prefill: int = 1
+    num_decode: int = 1
+    host: str = "127.0.0.1"
+    router_port: int | None = None
+    log_dir: Path | None = None
+    kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def router(self) -> Member:
+        return self.members[-1]
+
+    def urls(self, role: str) -> list[str]:
+        return [m.url for m in self.members if m.name.startswith(role)]
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "relaykv"]
+
+    def plan(self) -> None:
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="relaykv-up-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        for role, count, extra in (
+            ("prefill", self.num_prefill, self.prefill_args),
+            ("decode", self.num_decode, self.decode_args),
+        ):
+            for i in range(count):
+                port = free_port(self.host)
+                argv = [*self._command(), "serve", "--role", role, "--host", self.host,
+                        "--port", str(port), *self.engine_args, *extra, *self._events_args()]
+                self.members.append(Member(f"{role}{i}", f"http://{host}:{port}", argv,
+                                           log_dir / f"{role}{i}.log"))
+        port = self.router_port or free_port(self.host)
+        argv = [*self._command(), "router", "--host", self.host, "--port", str(port),
+                "--prefill", ",".join(self.urls("prefill")),
+                "--decode", ",".join(self.urls("decode")), *self.router_args]
+        self.members.append(Member("router", f"http://{host}:{port}", argv, log_dir / "router.log"))
+
+    def _events_args(self) -> list[str]:
+        if not self.kv_events:
+            return []
+        # `*` binds loopback in relaykv (docs/kv-events.md); an explicit host binds there.
+        host = "*" if self.host in ("127.0.0.1", "localhost") else self.host
+        config = {
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://{host}:{free_port(self.host)}",
+            "replay_endpoint": f"tcp://{host}:{free_port(self.host)}",
+        }
+        return ["--kv-events-config", json.dumps(config)]
+
+    def start(
+        self, timeout: float = 900.0, progress: Callable[[str], None] | None = None
+    ) -> None:
+        if not self.members:
+            self.plan()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for member in self.members:
+            with member.log_path.open("wb") as log:
+                member.process = subprocess.Popen(
+                    member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,
+                )
+        deadline = time.monotonic() + timeout
+        pending = list(self.members)
+        with httpx.Client(timeout=2.0) as client:
+            while pending:
+                for member in list(pending):
+                    assert member.process is not None
+                    code = member.process.poll()
+                    if code is not None:
+                        self.stop()
+                        raise ClusterError(
+                            f"{member.name} exited with status {code} during startup "
+                            f"(log {member.log_path}):\n{member.log_tail()}"
+                        )
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(f"{member.url}/health").status_code == 200:
+                            pending.remove(member)
+                            if progress:
+                                progress(f"{member.name} ready at {member.url}")
+                if time.monotonic() > deadline:
+                    names = ", ".join(m.name for m in pending)
+                    self.stop()
+                    raise ClusterError(f"timed out after {timeout:.0f}s waiting for {names}")
+                if pending:
+                    time.sleep(0.2)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM everyone (the router first), then SIGKILL whoever is left."""
+        alive = [m for m in reversed(self.members) if m.process and m.process.poll() is None]
+        for member in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(member.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout
+        for member in alive:
+            assert member.process is not None
+            try:
+                member.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(member.process.pid, signal.SIGKILL)
+                member.process.wait(5)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "router": self.router.url,
+            "prefill": self.urls("prefill"),
+            "decode": self.urls("decode"),
+        }

@@ -1,0 +1,99 @@
+"""`relaykv router`: the P/D router in front of prefill and decode engines."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import uvicorn
+
+from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights
+from relaykv.router.relay import Router, create_router_app
+from relaykv.router.routing import Routing
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill", required=True, help="prefill engine URL(s), comma-separated")
+    parser.add_argument("--decode", required=True, help="decode engine URL(s), comma-separated")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RELAYKV_API_KEY"),
+        help="require this key from clients (default: $RELAYKV_API_KEY)",
+    )
+    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
+    parser.add_argument("--log-level", default="warning")
+    routing = parser.add_argument_group("routing (docs/routing.md)")
+    routing.add_argument(
+        "--routing",
+        default="cache-aware",
+        choices=ROUTING_MODES,
+        help="how engines are chosen (default cache-aware: usable prefix hit "
+        "from the engines' KV events, balanced against load)",
+    )
+    defaults = CacheAwareWeights()
+    for name, help_text in (
+        ("hit_weight", "score per fraction of the prompt usable on the engine"),
+        ("load_weight", "score lost per request in flight above the least-loaded engine"),
+        ("kv_weight", "score lost per unit of the engine's KV cache usage (0..1)"),
+        ("queue_weight", "requests one waiting request of the engine's own queue counts as"),
+        ("max_load_ratio", "never pick an engine whose load would exceed this x the mean"),
+    ):
+        routing.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            default=getattr(defaults, name),
+            help=f"{help_text} (default {getattr(defaults, name)})",
+        )
+
+
+def _urls(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
+        parser.error(f"argument {flag}: expected http(s) URLs separated by commas, got {text!r}")
+    return urls
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not 0 < args.port < 65536:
+        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+    if args.request_timeout <= 0:
+        parser.error("argument --request-timeout: must be > 0")
+    prefill = _urls(parser, "--prefill", args.prefill)
+    decode = _urls(parser, "--decode", args.decode)
+    try:
+        weights = CacheAwareWeights(
+            args.hit_weight,
+            args.load_weight,
+            args.kv_weight,
+            args.queue_weight,
+            args.max_load_ratio,
+        )
+    except ValueError as exc:
+        flag = "--" + str(exc).split()[0].replace("_", "-")
+        parser.error(f"argument {flag}: {exc}")
+    logging.basicConfig(level=args.log_level.upper())
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    router = Router(
+        prefill,
+        decode,
+        api_key=args.api_key,
+        request_timeout=args.request_timeout,
+        public_url=f"http://{host}:{args.port}",
+        routing=Routing(args.routing, weights, api_key=args.api_key),
+    )
+    print(
+        f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
+        f"prefill {prefill}, decode {decode}",
+        flush=True,
+    )
+    uvicorn.run(
+        create_router_app(router),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0

@@ -1,0 +1,310 @@
+"""The P/D router: an OpenAI-compatible front for prefill and decode engines.
+
+A completion (or chat completion) goes to a prefill engine first, with `max_tokens=1` and
+`kv_transfer_params: {"do_remote_decode": true}`; P computes the prompt, keeps the blocks the
+P/D plan names and answers where they are. The request then goes to a decode engine with P's
+`kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
+router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
+docs/routing.md); an engine that cannot be reached or answers 5xx
+leaves the rotation and the request is retried on another one; when none is left the client
+gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
+go back to the client unchanged. Bodies travel as the client's own bytes with the fields a hop
+sets appended (`relaykv.router.body`), so the engines judge exactly what the client sent;
+every response is counted (`relaykv.router.metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from relaykv.api_errors import APIError, error_body, install_error_handlers
+from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.body import ClientBody
+from relaykv.router.metrics import CountResponses, RouterStats, router_registry
+from relaykv.router.routing import Prompt, Routing
+
+log = logging.getLogger(__name__)
+
+HEALTH_INTERVAL_S = 2.0
+_FORWARD_HEADERS = ("authorization",)
+
+
+class Router:
+    def __init__(
+        self,
+        prefill: list[str],
+        decode: list[str],
+        *,
+        api_key: str | None = None,
+        request_timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        public_url: str = "",
+        routing: Routing | None = None,
+    ) -> None:
+        self.prefill = BackendPool("prefill", prefill)
+        self.decode = BackendPool("decode", decode)
+        self.api_key = api_key
+        self.timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+        self.public_url = public_url
+        self.stats = RouterStats()
+        self.routing = routing or Routing("least-loaded")
+        self.client: httpx.AsyncClient | None = None
+
+    # -- one request -------------------------------------------------------------------
+    async def handle(self, request: Request, path: str) -> Response:
+        self.stats.requests += 1
+        self._authorize(request)
+        body = ClientBody.parse(await request.body())
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        headers["content-type"] = "application/json"
+        prompt = self.routing.prompt(body.data)
+        transfer, error = await self._prefill(path, body, headers, prompt)
+        if error is not None:
+            return error
+        decode_body = body.with_fields({"kv_transfer_params": transfer})
+        return await self._decode(path, decode_body, headers, body.stream, prompt)
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        if auth != f"Bearer {self.api_key}":
+            raise APIError(401, "missing or invalid API key", code="invalid_api_key")
+
+    async def _prefill(
+        self, path: str, body: ClientBody, headers: dict[str, str], prompt: Prompt | None
+    ) -> tuple[dict[str, Any] | None, Response | None]:
+        """P computes the prompt; returns its transfer parameters or a response to relay."""
+        overrides: dict[str, Any] = {
+            "stream": False,
+            "stream_options": None,
+            "max_tokens": 1,
+            "min_tokens": 0,
+            "kv_transfer_params": {"do_remote_decode": True},
+        }
+        if "max_completion_tokens" in body.data:
+            overrides["max_completion_tokens"] = 1
+        prefill_body = body.with_fields(overrides)
+        tried: set[Backend] = set()
+        while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
+            tried.add(backend)
+            resp = await self._post(self.prefill, backend, path, prefill_body, headers)
+            if resp is None:
+                self.stats.retries += 1
+                continue
+            if resp.status_code != 200:
+                return None, _relay(resp)
+            try:
+                params = resp.json().get("kv_transfer_params")
+            except (ValueError, AttributeError):
+                params = None
+            if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+                self.prefill.failed(backend, "answered without kv_transfer_params")
+                continue
+            return params, None
+        return None, _unavailable("prefill")
+
+    async def _post(
+        self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict
+    ) -> httpx.Response | None:
+        assert self.client is not None
+        backend.in_flight += 1
+        backend.requests += 1
+        try:
+            resp = await self.client.post(f"{backend.url}{path}", content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
+            return None
+        finally:
+            backend.in_flight -= 1
+        if resp.status_code >= 500 and resp.status_code != 503:
+            pool.failed(backend, f"answered {resp.status_code}")
+            return None
+        if resp.status_code == 503:  # draining: not broken, just not taking work
+            backend.healthy = False
+            backend.last_error = "draining (503)"
+            return None
+        return resp
+
+    async def _decode(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        prompt: Prompt | None = None,
+    ) -> Response:
+        tried: set[Backend] = set()
+        while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
+            tried.add(backend)
+            if not stream:
+                resp = await self._post(self.decode, backend, path, body, headers)
+                if resp is None:
+                    self.stats.retries += 1
+                    continue
+                return _relay(resp)
+            opened = await self._open_stream(backend, path, body, headers)
+            if opened is None:
+                self.stats.retries += 1
+                continue
+            if opened.status_code != 200:
+                await opened.aread()
+                await opened.aclose()
+                return _relay(opened)
+            return StreamingResponse(
+                self._relay_stream(backend, opened), media_type="text/event-stream"
+            )
+        return _unavailable("decode")
+
+    async def _open_stream(
+        self, backend: Backend, path: str, body: bytes, headers: dict
+    ) -> httpx.Response | None:
+        assert self.client is not None
+        req = self.client.build_request(
+            "POST", f"{backend.url}{path}", content=body, headers=headers
+        )
+        backend.in_flight += 1
+        backend.requests += 1
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            backend.in_flight -= 1
+            self.decode.failed(backend, f"{exc.__class__.__name__}: {exc}")
+            return None
+        if resp.status_code >= 500:
+            backend.in_flight -= 1
+            await resp.aclose()
+            if resp.status_code == 503:
+                backend.healthy = False
+            else:
+                self.decode.failed(backend, f"answered {resp.status_code}")
+            return None
+        if resp.status_code != 200:
+            backend.in_flight -= 1
+        return resp
+
+    async def _relay_stream(self, backend: Backend, resp: httpx.Response) -> AsyncIterator[bytes]:
+        """Pass D's SSE bytes through; a client that goes away closes D's stream too."""
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
+            self.stats.stream_errors += 1
+            payload = error_body(502, f"the decode engine's stream broke: {exc}")
+            yield f"data: {json.dumps(payload)}\n\n".encode()
+        finally:
+            backend.in_flight -= 1
+            await resp.aclose()
+
+    # -- background -----------------------------------------------------------------------
+    async def health_loop(self) -> None:
+        assert self.client is not None
+        while True:
+            await asyncio.gather(self.prefill.check(self.client), self.decode.check(self.client))
+            await self.routing.refresh(self.client, [self.prefill, self.decode])
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+
+    def cluster(self) -> dict[str, Any]:
+        return {"router": self.public_url, "prefill": self.prefill.urls, "decode": self.decode.urls}
+
+
+def _relay(resp: httpx.Response) -> Response:
+    """An engine's answer, passed through (content type and status kept)."""
+    return Response(
+        content=resp.content,
+        status_code=resp.status_code,
+        media_type=resp.headers.get("content-type", "application/json"),
+    )
+
+
+def _unavailable(role: str) -> Response:
+    message = f"no {role} engine is available (all failed or are out of rotation)"
+    return JSONResponse(error_body(503, message, code="no_backend"), status_code=503)
+
+
+def create_router_app(router: Router) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        router.client = httpx.AsyncClient(timeout=router.timeout, limits=limits)
+        task = asyncio.create_task(router.health_loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await router.routing.stop()
+            await router.client.aclose()
+
+    app = FastAPI(title="relaykv router", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await router.handle(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await router.handle(request, "/v1/chat/completions")
+
+    async def relay_get(request: Request) -> Response:
+        router._authorize(request)
+        assert router.client is not None
+        backend = router.decode.pick()
+        if backend is None:
+            return _unavailable("decode")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        url = f"{backend.url}{request.url.path}"
+        try:
+            return _relay(await router.client.get(url, headers=headers))
+        except httpx.HTTPError as exc:
+            router.decode.failed(backend, str(exc))
+            return _unavailable("decode")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await relay_get(request)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        return await relay_get(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = router.prefill.num_healthy > 0 and router.decode.num_healthy > 0
+        body = {
+            "status": "ok" if ok else "degraded",
+            "prefill": [b.describe() for b in router.prefill.backends],
+            "decode": [b.describe() for b in router.decode.backends],
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/routing")
+    async def routing() -> dict[str, Any]:
+        return router.routing.describe()
+
+    @app.get("/cluster")
+    async def cluster() -> dict[str, Any]:
+        return router.cluster()
+
+    registry = router_registry(router.stats, [*router.prefill.backends, *router.decode.backends])
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(CountResponses, stats=router.stats)
+    return app
