@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import shlex
+import sys
 import time
 
 from sim_seed_tables import PR, SETUPS, STRESS  # the seed's scenarios (same directory)
@@ -51,7 +52,7 @@ def run(name: str) -> dict:
     buf = io.StringIO()
     wall0, cpu0 = time.perf_counter(), time.process_time()
     with contextlib.redirect_stdout(buf):
-        code = relaykv(["sim", *argv, "--json"])
+        code = relaykv(["sim", *argv, "--json", "--disable-tqdm"])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     if code != 0:
         raise SystemExit(f"{name}: relaykv sim exited {code}")
@@ -85,6 +86,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
         r = run(name)
+        print(json.dumps(r), file=sys.stderr, flush=True)
         print(
             f"| {name} | {r['policies']} | {r['requests']} | {r['wall_s']:.1f} | "
             f"{r['cpu_s']:.1f} | {r['target_s']:.0f} | {r['requests_per_wall_s']:.2f} | "

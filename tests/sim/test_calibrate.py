@@ -59,6 +59,7 @@ def test_nnls_and_link_fit() -> None:
     assert link.bandwidth == pytest.approx(1e6) and link.latency_s == pytest.approx(0.001)
 
 
+@pytest.mark.slow
 def test_the_real_runner_can_be_timed() -> None:
     pytest.importorskip("torch")
     from relaykv.model.step_timing import time_steps

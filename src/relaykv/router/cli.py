@@ -18,14 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", required=True, help="decode engine URL(s), comma-separated")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", default=os.environ.get("RELAYKV_API_KEY"),
-                        help="require this key from clients (default: $RELAYKV_API_KEY)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RELAYKV_API_KEY"),
+        help="require this key from clients (default: $RELAYKV_API_KEY)",
+    )
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
     parser.add_argument("--log-level", default="warning")
     routing = parser.add_argument_group("routing (docs/routing.md)")
-    routing.add_argument("--routing", default="cache-aware", choices=ROUTING_MODES,
-                         help="how engines are chosen (default cache-aware: usable prefix hit "
-                         "from the engines' KV events, balanced against load)")
+    routing.add_argument(
+        "--routing",
+        default="cache-aware",
+        choices=ROUTING_MODES,
+        help="how engines are chosen (default cache-aware: usable prefix hit "
+        "from the engines' KV events, balanced against load)",
+    )
     defaults = CacheAwareWeights()
     for name, help_text in (
         ("hit_weight", "score per fraction of the prompt usable on the engine"),
@@ -34,9 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("queue_weight", "requests one waiting request of the engine's own queue counts as"),
         ("max_load_ratio", "never pick an engine whose load would exceed this x the mean"),
     ):
-        routing.add_argument("--" + name.replace("_", "-"), type=float,
-                             default=getattr(defaults, name),
-                             help=f"{help_text} (default {getattr(defaults, name)})")
+        routing.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            default=getattr(defaults, name),
+            help=f"{help_text} (default {getattr(defaults, name)})",
+        )
 
 
 def _urls(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
@@ -55,7 +65,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     decode = _urls(parser, "--decode", args.decode)
     try:
         weights = CacheAwareWeights(
-            args.hit_weight, args.load_weight, args.kv_weight, args.queue_weight,
+            args.hit_weight,
+            args.load_weight,
+            args.kv_weight,
+            args.queue_weight,
             args.max_load_ratio,
         )
     except ValueError as exc:
@@ -64,12 +77,23 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     logging.basicConfig(level=args.log_level.upper())
     host = f"[{args.host}]" if ":" in args.host else args.host
     router = Router(
-        prefill, decode, api_key=args.api_key, request_timeout=args.request_timeout,
+        prefill,
+        decode,
+        api_key=args.api_key,
+        request_timeout=args.request_timeout,
         public_url=f"http://{host}:{args.port}",
         routing=Routing(args.routing, weights, api_key=args.api_key),
     )
-    print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
-          f"prefill {prefill}, decode {decode}", flush=True)
-    uvicorn.run(create_router_app(router), host=args.host, port=args.port,
-                log_level=args.log_level, timeout_graceful_shutdown=30)
+    print(
+        f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
+        f"prefill {prefill}, decode {decode}",
+        flush=True,
+    )
+    uvicorn.run(
+        create_router_app(router),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
     return 0

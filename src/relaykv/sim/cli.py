@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from relaykv.kvcache import PD_POLICIES
 from relaykv.sim import sim_args
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="last stdout line: a JSON list")
     out.add_argument("--result-dir", default=None, help="write the JSON and a PNG plot here")
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar on stderr")
     cal = parser.add_argument_group("calibrate")
     cal.add_argument("--out", default=None, help="the calibration file to write")
     cal.add_argument("--kv-transport", default="shm", help="the transport to time (shm, tcp)")
@@ -98,6 +102,14 @@ def simulate(
     def after_warmup() -> None:
         warm_counters.update(cluster.counters())
 
+    bar = tqdm(
+        total=len(requests) + args.num_warmups,
+        desc=f"sim {policy}",
+        unit="req",
+        mininterval=1.0,
+        file=sys.stderr,
+        disable=getattr(args, "disable_tqdm", True),
+    )
     start = cluster.run(
         requests,
         offsets,
@@ -105,7 +117,9 @@ def simulate(
         num_warmups=args.num_warmups,
         ignore_eos=True,
         on_measured=after_warmup,
+        on_request_done=lambda _: bar.update(1),
     )
+    bar.close()
     problems = cluster.check()
     if problems:
         raise RuntimeError("simulated cluster invariants broken: " + "; ".join(problems[:5]))

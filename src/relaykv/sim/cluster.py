@@ -12,6 +12,7 @@ the router only balances them.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,7 @@ class SimCluster:
         self.records: list[RequestRecord] = []
         self._live: dict[str, tuple[RequestRecord, SamplingParams, list[int]]] = {}
         self._on_done: Callable[[RequestRecord], None] = lambda r: None
+        self._progress_hook: Callable[[RequestRecord], None] = lambda r: None
 
     def _add_engine(self, name: str, role: str, tp: int) -> None:
         s = self.spec
@@ -193,9 +195,12 @@ class SimCluster:
         num_warmups: int,
         ignore_eos: bool = True,
         on_measured: Callable[[], None] = lambda: None,
+        on_request_done: Callable[[RequestRecord], None] = lambda r: None,
     ) -> float:
         """Warm up, then send every request; returns the measured phase's start time.
-        `on_measured` runs between the two (a counter scrape)."""
+        `on_measured` runs between the two (a counter scrape); `on_request_done` after each
+        request (a progress bar)."""
+        self._progress_hook = on_request_done
 
         def params(r: SimRequest) -> SamplingParams:
             return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=ignore_eos)
@@ -219,13 +224,13 @@ class SimCluster:
         warmup: bool,
     ) -> None:
         start = self.loop.now
-        queue: list[tuple[int, SimRequest]] = []
-        state = {"in_flight": 0, "next": 0}
+        queue: deque[tuple[int, SimRequest]] = deque()
+        state = {"in_flight": 0}
         base = len(self.records)
 
         def pump() -> None:
             while queue and state["in_flight"] < limit:
-                i, r = queue.pop(0)
+                i, r = queue.popleft()
                 state["in_flight"] += 1
                 self.submit(
                     RequestRecord(base + i, len(r.prompt), r.output_len, warmup=warmup),
@@ -233,8 +238,9 @@ class SimCluster:
                     params(r),
                 )
 
-        def done(_: RequestRecord) -> None:
+        def done(record: RequestRecord) -> None:
             state["in_flight"] -= 1
+            self._progress_hook(record)
             pump()
 
         self._on_done = done

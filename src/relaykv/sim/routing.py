@@ -5,7 +5,8 @@ counts (the router's bookkeeping) and a `relaykv.router.policy` policy chooses a
 candidates: `cache-aware` (the router's default: usable hit vs load vs KV usage),
 `least-loaded` or `round-robin` (`--routing`). Each engine's `EngineIndex` is the router's
 own, fed by the engine's KV events (the cache manager's event sink) with no delay, and
-scored by the index's `usable_hit` (kvcache's lookup, per role and P/D policy). The
+scored as the router does: the index's cheap `hit_bound`, then its exact `usable_hit`
+(kvcache's lookup, per role and P/D policy) only where the bound can win. The
 engine's queue and KV usage are read at the moment of the decision (the real router sees
 them at its last health tick: simulator.md "What is not modelled").
 """
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from relaykv.kvcache import KVEvent
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.policy import ROUTING_MODES, Candidate, make_policy
+from relaykv.router.policy import ROUTING_MODES, CacheAwarePolicy, Candidate, make_policy
 from relaykv.router.routing import Prompt
 from relaykv.sim.engine import SimEngine
 
@@ -41,24 +42,40 @@ class SimRouter:
         }
 
     def pick(self, role: str, tokens: list[int]) -> SimEngine:
-        """The engine of `role` the router sends this prompt to (counted in flight)."""
+        """The engine of `role` the router sends this prompt to (counted in flight).
+
+        As `relaykv.router.routing.Routing.pick`: candidates carry the index's cheap hit
+        bound, and the cache-aware policy asks for kvcache's exact lookup only where a
+        bound can win (`choose_lazy`)."""
         backends = self.pools[role].backends
-        prompt = Prompt(tokens) if self.indexes else None
+        # One engine: every policy picks it, so skip scoring (the hashing and lookups).
+        prompt = Prompt(tokens) if self.indexes and len(backends) > 1 else None
+        indexes = [self.indexes.get(b.url) if prompt else None for b in backends]
         candidates = []
-        for b in backends:
+        for b, index in zip(backends, indexes, strict=True):
             engine = self.engines[b.url]
-            index = self.indexes.get(b.url)
-            hit = index.usable_hit(prompt.request_for(index)) if index and prompt else 0
+            bound = index.hit_bound(prompt.request_for(index)) if prompt and index else 0
             candidates.append(
                 Candidate(
-                    hit_tokens=hit,
+                    hit_tokens=bound,
                     prompt_tokens=len(tokens),
                     in_flight=b.in_flight,
                     waiting=len(engine.scheduler.waiting),
                     kv_usage=engine.manager.pool.usage(),
                 )
             )
-        backend = backends[self.policies[role].choose(candidates)]
+
+        def exact_hit(i: int) -> int:
+            index = indexes[i]
+            assert prompt is not None and index is not None
+            return index.usable_hit(prompt.request_for(index))
+
+        policy = self.policies[role]
+        if isinstance(policy, CacheAwarePolicy) and prompt is not None:
+            choice = policy.choose_lazy(candidates, exact_hit)
+        else:
+            choice = policy.choose(candidates)
+        backend = backends[choice]
         backend.in_flight += 1
         backend.requests += 1
         return self.engines[backend.url]
