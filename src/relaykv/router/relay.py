@@ -69,6 +69,8 @@ class Router:
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
         headers["content-type"] = "application/json"
         prompt = self.routing.prompt(body.data)
+        if prompt is None and self.client is not None and "messages" in body.data:
+            prompt = await self.routing.chat_prompt(self.client, self.prefill, body.data, headers)
         transfer, error = await self._prefill(path, body, headers, prompt)
         if error is not None:
             return error
