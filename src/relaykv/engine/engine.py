@@ -86,6 +86,7 @@ class LLMEngine:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         kv_transfer_params: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Raise `InvalidRequest` for anything the engine cannot serve (changes nothing)."""
         if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
@@ -125,7 +126,7 @@ class LLMEngine:
                 raise InvalidRequest("kv_transfer_params", "this engine is not part of a P/D pair")
             if self.connector is not None:
                 try:
-                    self.connector.validate(kv_transfer_params)
+                    self.connector.validate(kv_transfer_params, prompt_ids, cache_salt)
                 except (ValueError, TypeError, KeyError) as exc:
                     raise InvalidRequest("kv_transfer_params", str(exc)) from exc
 
@@ -141,7 +142,7 @@ class LLMEngine:
     ) -> Request:
         if request_id in self.requests:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
-        self.validate(prompt_ids, params, kv_transfer_params)
+        self.validate(prompt_ids, params, kv_transfer_params, cache_salt)
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             # A prefill engine produces exactly one token; the decode engine does the rest.
             params = SamplingParams(**{**_fields(params), "max_tokens": 1, "min_tokens": 0})

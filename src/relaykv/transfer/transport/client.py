@@ -32,6 +32,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from relaykv.transfer.transport import wire
+from relaykv.transfer.transport.auth import MessageAuth, default_secret
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import (
     PeerLost,
@@ -90,6 +91,7 @@ class TransferClient:
         connect_timeout_s: float = 5.0,
         window: int = 4,
         context: zmq.Context | None = None,
+        secret: bytes | None = None,
     ) -> None:
         self.layout = layout
         self._transport = transport
@@ -110,7 +112,7 @@ class TransferClient:
         self._stats = {"bytes_received": 0, "pages_received": 0, "ok": 0, "failed": 0}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._codec = wire.Codec()
+        self._codec = wire.Codec(MessageAuth(default_secret() if secret is None else secret))
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"kv-read-{engine_id}", daemon=True)
         self._thread.start()
@@ -329,6 +331,8 @@ class TransferClient:
                 sink,
                 window,
                 max(0.0, job.deadline - now),
+                self._engine_id,
+                time.time(),
             )
             self._send(job.peer, msg)
             job.sent = True
@@ -342,6 +346,8 @@ class TransferClient:
                 return
             if event["event"] == zmq.EVENT_CONNECTED:
                 peer.connected = True
+                # every (re)connection may reach a fresh P: register before any Read
+                self._send(peer, wire.Register(self._engine_id, self._plane.registration()))
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 peer.connected = False
                 for tid in list(peer.jobs):
@@ -361,8 +367,10 @@ class TransferClient:
                 parts = peer.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            if len(parts) < 2:
+                continue  # not one of ours
             try:
-                msg = self._codec.decode_to_client(parts[0].buffer)
+                msg = self._codec.decode_to_client(parts[0].buffer, parts[1].buffer)
             except Exception as exc:
                 log.warning(
                     "kv transfer client: undecodable message from %s (%s)", peer.endpoint, exc
@@ -372,7 +380,7 @@ class TransferClient:
             if job is None:
                 continue  # a transfer that already ended
             try:
-                self._on_message(job, msg, parts[1:])
+                self._on_message(job, msg, parts[2:])
             except TransferError as exc:
                 self._fail(job, exc)
 
@@ -482,7 +490,7 @@ class TransferClient:
 
     def _send(self, peer: _Peer, msg: object) -> None:
         try:
-            peer.sock.send(self._codec.encode(msg), zmq.NOBLOCK)
+            peer.sock.send_multipart(self._codec.to_server(msg), zmq.NOBLOCK)
         except zmq.Again:
             log.warning("kv transfer client: send queue to %s full; message dropped", peer.endpoint)
 

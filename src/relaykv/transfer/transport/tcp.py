@@ -20,10 +20,6 @@ from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, Receiver
 
 
 class TcpSender(SenderPlane):
-    def open_sink(self, sink: bytes) -> None:
-        if sink:
-            raise ValueError("the tcp transport takes no sink")
-
     def send_chunk(
         self,
         sink: Any,
