@@ -111,8 +111,10 @@ class LLMEngine:
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{len(prompt_ids)}",
             )
+        # A prefill engine (do_remote_decode) checks the client's max_tokens as the decode
+        # engine will, so what D would refuse is refused before any compute (docs/pd.md).
         remote_decode = bool(kv_transfer_params and kv_transfer_params.get("do_remote_decode"))
-        if len(prompt_ids) + (1 if remote_decode else params.max_tokens) > limit:
+        if len(prompt_ids) + params.max_tokens > limit:
             raise InvalidRequest(
                 "max_tokens",
                 f"this model's maximum context length is {limit} tokens; {len(prompt_ids)} "

@@ -27,6 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.disconnect import ClientGone, unless_disconnected
+from relaykv.router.intake import IntakeLimits, parse_body, read_body
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,20 @@ class Router:
         api_key: str | None = None,
         request_timeout: float = 600.0,
         connect_timeout: float = 5.0,
+        prefill_timeout: float = 120.0,
+        limits: IntakeLimits | None = None,
         public_url: str = "",
     ) -> None:
         self.prefill = BackendPool("prefill", prefill)
         self.decode = BackendPool("decode", decode)
         self.api_key = api_key
         self.timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+        # A prefill is one forward pass: a P that takes longer is hung or drowning, and the
+        # request moves on to another P (docs/pd.md, "Failures").
+        self.prefill_timeout = httpx.Timeout(prefill_timeout, connect=connect_timeout)
+        self.limits = limits or IntakeLimits()
+        self.draining = False  # set on SIGTERM (server.py): new requests get 503
+        self.in_flight = 0  # requests being answered, streams included
         self.public_url = public_url
         self.stats = RouterStats()
         self.client: httpx.AsyncClient | None = None
@@ -65,20 +75,34 @@ class Router:
     # -- one request -------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
         self._authorize(request)
+        if self.draining:
+            raise APIError(503, "the router is shutting down", code="draining")
+        self.in_flight += 1
+        streaming = False
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        self.stats.requests += 1
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-        transfer, error = await self._prefill(path, body, headers)
-        if error is not None:
-            self._count(error.status_code)
-            return error
-        decode_body = {**body, "kv_transfer_params": transfer}
-        return await self._decode(path, decode_body, headers, bool(body.get("stream")))
+            body = parse_body(await read_body(request, self.limits))
+            self.stats.requests += 1
+            headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+            try:
+                transfer, error = await unless_disconnected(
+                    request, self._prefill(path, body, headers)
+                )
+                if error is not None:
+                    self._count(error.status_code)
+                    return error
+                decode_body = {**body, "kv_transfer_params": transfer}
+                stream = bool(body.get("stream"))
+                response = await unless_disconnected(
+                    request, self._decode(path, decode_body, headers, stream)
+                )
+            except ClientGone:
+                self._count(499)  # nginx's "client closed request": nobody reads this
+                return Response(status_code=499)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:  # a stream counts itself out when it ends (_relay_stream)
+                self.in_flight -= 1
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -90,18 +114,21 @@ class Router:
     async def _prefill(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
     ) -> tuple[dict[str, Any] | None, Response | None]:
-        """P computes the prompt; returns its transfer parameters or a response to relay."""
+        """P computes the prompt; returns its transfer parameters or a response to relay.
+
+        P gets the client's own max_tokens and min_tokens: it validates the request exactly
+        as D will (and answers 400 before any compute for what D would refuse), then
+        generates one token whatever max_tokens says (docs/pd.md)."""
         prefill_body = {
-            **body, "stream": False, "max_tokens": 1, "min_tokens": 0,
-            "kv_transfer_params": {"do_remote_decode": True},
+            **body, "stream": False, "kv_transfer_params": {"do_remote_decode": True},
         }
         prefill_body.pop("stream_options", None)
-        if "max_completion_tokens" in prefill_body:
-            prefill_body["max_completion_tokens"] = 1
         tried: set[Backend] = set()
         while (backend := self.prefill.pick(tried)) is not None:
             tried.add(backend)
-            resp = await self._post(self.prefill, backend, path, prefill_body, headers)
+            resp = await self._post(
+                self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
+            )
             if resp is None:
                 self.stats.retries += 1
                 continue
@@ -115,13 +142,16 @@ class Router:
         return None, _unavailable("prefill")
 
     async def _post(
-        self, pool: BackendPool, backend: Backend, path: str, body: dict, headers: dict
+        self, pool: BackendPool, backend: Backend, path: str, body: dict, headers: dict,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response | None:
         assert self.client is not None
         backend.in_flight += 1
         backend.requests += 1
         try:
-            resp = await self.client.post(f"{backend.url}{path}", json=body, headers=headers)
+            resp = await self.client.post(
+                f"{backend.url}{path}", json=body, headers=headers, timeout=timeout or self.timeout
+            )
         except httpx.HTTPError as exc:
             pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
             return None
@@ -191,17 +221,27 @@ class Router:
         return resp
 
     async def _relay_stream(self, backend: Backend, resp: httpx.Response) -> AsyncIterator[bytes]:
-        """Pass D's SSE bytes through; a client that goes away closes D's stream too."""
+        """Pass D's SSE bytes through; a client that goes away closes D's stream too. Every
+        stream ends with `data: [DONE]`, a broken one after an in-band error event."""
+        tail = b""
         try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
-            self.stats.failed += 1
-            payload = error_body(502, f"the decode engine's stream broke: {exc}")
-            yield f"data: {json.dumps(payload)}\n\n".encode()
+            try:
+                async for chunk in resp.aiter_raw():
+                    tail = (tail + chunk)[-64:]
+                    yield chunk
+            except httpx.HTTPError as exc:
+                self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
+                self.stats.failed += 1
+                yield stream_error(f"the decode engine's stream broke: {exc}")
+                tail = b""
+            if b"data: [DONE]" not in tail:
+                if tail:  # D closed cleanly without finishing the stream
+                    self.stats.failed += 1
+                    yield stream_error("the decode engine ended the stream early")
+                yield DONE_EVENT
         finally:
             backend.in_flight -= 1
+            self.in_flight -= 1
             await resp.aclose()
 
     def _count(self, status: int) -> None:
@@ -220,6 +260,14 @@ class Router:
 
     def cluster(self) -> dict[str, Any]:
         return {"router": self.public_url, "prefill": self.prefill.urls, "decode": self.decode.urls}
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def stream_error(message: str) -> bytes:
+    """An in-band SSE error event (what OpenAI streams send for a failure mid-stream)."""
+    return f"data: {json.dumps(error_body(502, message))}\n\n".encode()
 
 
 def _relay(resp: httpx.Response) -> Response:

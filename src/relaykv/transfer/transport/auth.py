@@ -23,8 +23,9 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 from pathlib import Path
+
+from relaykv.private_files import PrivateFileError, read_private_file
 
 SECRET_ENV = "RELAYKV_KV_SECRET_FILE"
 MIN_SECRET_CHARS = 32
@@ -33,7 +34,7 @@ TO_SERVER = b"relaykv/kv/to-server\x00"
 TO_CLIENT = b"relaykv/kv/to-client\x00"
 
 
-class SecretError(ValueError):
+class SecretError(PrivateFileError):
     """A secret file that cannot be used (missing, readable by others, too short)."""
 
 
@@ -48,29 +49,10 @@ def write_secret_file(path: str | os.PathLike[str]) -> Path:
 
 def load_secret_file(path: str | os.PathLike[str]) -> bytes:
     """Read a secret file; refuse one that other users could read or change."""
-    target = Path(path)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise SecretError(f"cannot open the KV secret file {target}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise SecretError(f"the KV secret file {target} is not a regular file")
-        if info.st_mode & 0o077:
-            raise SecretError(
-                f"the KV secret file {target} is readable or writable by other users "
-                f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it"
-            )
-        if info.st_uid != os.geteuid():
-            raise SecretError(f"the KV secret file {target} belongs to another user")
-        data = handle.read().strip()
-    if len(data) < MIN_SECRET_CHARS:
-        raise SecretError(
-            f"the KV secret in {target} is too short ({len(data)} characters, need "
-            f"{MIN_SECRET_CHARS}; `relaykv up` writes one)"
-        )
-    return data
+        return read_private_file(path, "KV secret", MIN_SECRET_CHARS)
+    except PrivateFileError as exc:
+        raise SecretError(f"{exc} (`relaykv up` writes one)") from None
 
 
 @functools.cache
