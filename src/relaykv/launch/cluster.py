@@ -13,6 +13,7 @@ member that outlives its timeout. Secrets reach members through `env`, never the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -69,6 +70,7 @@ class Cluster:
     router_port: int | None = None
     log_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment (secrets)
+    kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
     members: list[Member] = field(default_factory=list)
 
     @property
@@ -93,7 +95,7 @@ class Cluster:
             for i in range(count):
                 port = free_port(self.host)
                 argv = [*self._command(), "serve", "--role", role, "--host", self.host,
-                        "--port", str(port), *self.engine_args, *extra]
+                        "--port", str(port), *self.engine_args, *extra, *self._events_args()]
                 self.members.append(Member(f"{role}{i}", f"http://{host}:{port}", argv,
                                            log_dir / f"{role}{i}.log"))
         port = self.router_port or free_port(self.host)
@@ -101,6 +103,18 @@ class Cluster:
                 "--prefill", ",".join(self.urls("prefill")),
                 "--decode", ",".join(self.urls("decode")), *self.router_args]
         self.members.append(Member("router", f"http://{host}:{port}", argv, log_dir / "router.log"))
+
+    def _events_args(self) -> list[str]:
+        if not self.kv_events:
+            return []
+        # `*` binds loopback in relaykv (docs/kv-events.md); an explicit host binds there.
+        host = "*" if self.host in ("127.0.0.1", "localhost") else self.host
+        config = {
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://{host}:{free_port(self.host)}",
+            "replay_endpoint": f"tcp://{host}:{free_port(self.host)}",
+        }
+        return ["--kv-events-config", json.dumps(config)]
 
     def start(
         self, timeout: float = 900.0, progress: Callable[[str], None] | None = None

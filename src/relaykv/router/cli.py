@@ -7,7 +7,9 @@ import logging
 
 from relaykv.private_files import PrivateFileError, resolve_api_key
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
+from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights
 from relaykv.router.relay import Router, create_router_app
+from relaykv.router.routing import Routing
 from relaykv.router.server import serve_router
 
 
@@ -34,6 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="on SIGTERM, seconds in-flight requests may take to finish")
     parser.add_argument("--log-level", default="warning")
+    routing = parser.add_argument_group("routing (docs/routing.md)")
+    routing.add_argument("--routing", default="cache-aware", choices=ROUTING_MODES,
+                         help="how engines are chosen (default cache-aware: usable prefix hit "
+                         "from the engines' KV events, balanced against load)")
+    defaults = CacheAwareWeights()
+    for name, help_text in (
+        ("hit_weight", "score per fraction of the prompt usable on the engine"),
+        ("load_weight", "score lost per request in flight above the least-loaded engine"),
+        ("kv_weight", "score lost per unit of the engine's KV cache usage (0..1)"),
+        ("queue_weight", "requests one waiting request of the engine's own queue counts as"),
+        ("max_load_ratio", "never pick an engine whose load would exceed this x the mean"),
+    ):
+        routing.add_argument("--" + name.replace("_", "-"), type=float,
+                             default=getattr(defaults, name),
+                             help=f"{help_text} (default {getattr(defaults, name)})")
 
 
 def _urls(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
@@ -60,15 +77,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("argument --prefill-timeout/--drain-timeout: must be > 0 (>= 0 for drain)")
     prefill = _urls(parser, "--prefill", args.prefill)
     decode = _urls(parser, "--decode", args.decode)
+    try:
+        weights = CacheAwareWeights(
+            args.hit_weight, args.load_weight, args.kv_weight, args.queue_weight,
+            args.max_load_ratio,
+        )
+    except ValueError as exc:
+        flag = "--" + str(exc).split()[0].replace("_", "-")
+        parser.error(f"argument {flag}: {exc}")
     logging.basicConfig(level=args.log_level.upper())
     host = f"[{args.host}]" if ":" in args.host else args.host
     router = Router(
         prefill, decode, api_key=api_key, request_timeout=args.request_timeout,
         prefill_timeout=args.prefill_timeout, limits=limits,
         public_url=f"http://{host}:{args.port}",
+        routing=Routing(args.routing, weights, api_key=api_key),
     )
-    print(f"relaykv router on http://{host}:{args.port}: prefill {prefill}, decode {decode}",
-          flush=True)
+    print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
+          f"prefill {prefill}, decode {decode}", flush=True)
     return serve_router(create_router_app(router), router, args.host, args.port,
                         log_level=args.log_level, drain_timeout=args.drain_timeout,
                         header_timeout_s=args.header_timeout)

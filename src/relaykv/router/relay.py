@@ -4,7 +4,8 @@ A completion (or chat completion) goes to a prefill engine first, with `max_toke
 `kv_transfer_params: {"do_remote_decode": true}`; P computes the prompt, keeps the blocks the
 P/D plan names and answers where they are. The request then goes to a decode engine with P's
 `kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
-router. Engines are chosen least-loaded; an engine that cannot be reached or answers 5xx
+router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
+docs/routing.md); an engine that cannot be reached or answers 5xx
 leaves the rotation and the request is retried on another one; when none is left the client
 gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
 go back to the client unchanged.
@@ -29,6 +30,7 @@ from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.disconnect import ClientGone, unless_disconnected
 from relaykv.router.intake import IntakeLimits, parse_body, read_body
+from relaykv.router.routing import Prompt, Routing
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Router:
         prefill_timeout: float = 120.0,
         limits: IntakeLimits | None = None,
         public_url: str = "",
+        routing: Routing | None = None,
     ) -> None:
         self.prefill = BackendPool("prefill", prefill)
         self.decode = BackendPool("decode", decode)
@@ -70,6 +73,7 @@ class Router:
         self.in_flight = 0  # requests being answered, streams included
         self.public_url = public_url
         self.stats = RouterStats()
+        self.routing = routing or Routing("least-loaded")
         self.client: httpx.AsyncClient | None = None
 
     # -- one request -------------------------------------------------------------------
@@ -83,9 +87,10 @@ class Router:
             body = parse_body(await read_body(request, self.limits))
             self.stats.requests += 1
             headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+            prompt = self.routing.prompt(body)
             try:
                 transfer, error = await unless_disconnected(
-                    request, self._prefill(path, body, headers)
+                    request, self._prefill(path, body, headers, prompt)
                 )
                 if error is not None:
                     self._count(error.status_code)
@@ -93,7 +98,7 @@ class Router:
                 decode_body = {**body, "kv_transfer_params": transfer}
                 stream = bool(body.get("stream"))
                 response = await unless_disconnected(
-                    request, self._decode(path, decode_body, headers, stream)
+                    request, self._decode(path, decode_body, headers, stream, prompt)
                 )
             except ClientGone:
                 self._count(499)  # nginx's "client closed request": nobody reads this
@@ -112,7 +117,7 @@ class Router:
             raise APIError(401, "missing or invalid API key", code="invalid_api_key")
 
     async def _prefill(
-        self, path: str, body: dict[str, Any], headers: dict[str, str]
+        self, path: str, body: dict[str, Any], headers: dict[str, str], prompt: Prompt | None
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """P computes the prompt; returns its transfer parameters or a response to relay.
 
@@ -124,7 +129,7 @@ class Router:
         }
         prefill_body.pop("stream_options", None)
         tried: set[Backend] = set()
-        while (backend := self.prefill.pick(tried)) is not None:
+        while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
             resp = await self._post(
                 self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
@@ -167,10 +172,11 @@ class Router:
         return resp
 
     async def _decode(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool
+        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool,
+        prompt: Prompt | None = None,
     ) -> Response:
         tried: set[Backend] = set()
-        while (backend := self.decode.pick(tried)) is not None:
+        while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
             tried.add(backend)
             if not stream:
                 resp = await self._post(self.decode, backend, path, body, headers)
@@ -256,6 +262,7 @@ class Router:
         assert self.client is not None
         while True:
             await asyncio.gather(self.prefill.check(self.client), self.decode.check(self.client))
+            await self.routing.refresh(self.client, [self.prefill, self.decode])
             await asyncio.sleep(HEALTH_INTERVAL_S)
 
     def cluster(self) -> dict[str, Any]:
@@ -295,6 +302,7 @@ def create_router_app(router: Router) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await router.routing.stop()
             await router.client.aclose()
 
     app = FastAPI(title="relaykv router", lifespan=lifespan)
@@ -332,6 +340,10 @@ def create_router_app(router: Router) -> FastAPI:
             "decode": [b.describe() for b in router.decode.backends],
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/routing")
+    async def routing() -> dict[str, Any]:
+        return router.routing.describe()
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:

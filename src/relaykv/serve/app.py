@@ -1,10 +1,13 @@
 """The FastAPI application: routes, the access gate, error handlers, the engine's lifespan.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-`GET /health`, `GET /metrics`. The gate (a plain ASGI middleware, so streams and
-disconnects pass through untouched) answers every `/v1/...` request with 401 when an API key
-is set and the request's `Authorization: Bearer` does not match, and with 503 while the
-server drains; `/health` turns 503 when draining, `/metrics` always answers.
+`GET /health`, `GET /metrics`, and for production routers vLLM's `POST /tokenize`,
+`/detokenize`, `/v1/completions/render`, `/v1/chat/completions/render` (`vllm_compat`) and
+`GET /get_load`, `/health_generate` (`router_probes`). The gate (a plain ASGI middleware, so
+streams and disconnects pass through untouched) answers every `/v1/...` request (and
+`/tokenize`, `/detokenize`) with 401 when an API key is set and the request's
+`Authorization: Bearer` does not match, and with 503 while the server drains; `/health` and
+`/health_generate` turn 503 when draining, `/metrics` and `/get_load` always answer.
 
 P/D (issue 5): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
 request to the engine and back. A router or launcher builds the engine with
@@ -19,19 +22,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relaykv.api_errors import APIError, install_error_handlers
 from relaykv.engine import AsyncEngine
-from relaykv.serve import chat, completions
+from relaykv.serve import chat, completions, router_probes, vllm_compat
 from relaykv.serve.engine_factory import ServedEngine
 from relaykv.serve.metrics import engine_registry
+from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap
 from relaykv.serve.state import ServerState, server_state
 
 log = logging.getLogger("relaykv.serve")
+
+
+# Outside /v1, the tokenizer routes are gated too (router_probes.py: why not the probes).
+def _gated(path: str) -> bool:
+    return path.startswith("/v1") or path in vllm_compat.GATED_PATHS
 
 
 class AccessGate:
@@ -42,7 +51,7 @@ class AccessGate:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and _gated(scope["path"]):
             error = self._refusal(scope)
             if error is not None:
                 await error.response()(scope, receive, send)
@@ -93,8 +102,13 @@ def create_app(
     )
     app.state.relaykv = state
     install_error_handlers(app)
-    app.include_router(completions.router)
-    app.include_router(chat.router)
+    # SGLang's bootstrap P/D fields are refused before any handler runs (sglang_bootstrap.py)
+    sglang_guard = [Depends(refuse_sglang_bootstrap)]
+    app.include_router(completions.router, dependencies=sglang_guard)
+    app.include_router(chat.router, dependencies=sglang_guard)
+    # vLLM's extra endpoints production routers poll (vllm_compat.py, router_probes.py)
+    app.include_router(vllm_compat.router, dependencies=sglang_guard)
+    app.include_router(router_probes.router)
     registry = engine_registry(served.engine, served.served_model_name)
 
     @app.get("/health")

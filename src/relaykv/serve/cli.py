@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from relaykv.private_files import (
     API_KEY_ENV,
@@ -11,12 +12,20 @@ from relaykv.private_files import (
     PrivateFileError,
     resolve_api_key,
 )
+from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
 from relaykv.serve.options import (
     OptionError,
     add_engine_arguments,
     add_pd_arguments,
     engine_options,
 )
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from relaykv.serve.engine_factory import ServedEngine
+    from relaykv.serve.kv_events import ZmqEventPublisher as Publisher
+    from relaykv.serve.kv_events_config import KVEventsConfig
 
 log = logging.getLogger("relaykv.serve")
 
@@ -53,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     server.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    server.add_argument(
+        "--kv-events-config",
+        default=None,
+        help="KV cache events as vLLM publishes them, a JSON object with vLLM's keys, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' (docs/kv-events.md)',
+    )
 
 
 def say(line: str) -> None:
@@ -74,7 +89,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument --api-key-file: {exc}")
     try:
         options = engine_options(args)
-    except OptionError as exc:
+        events_config = parse_kv_events_config(args.kv_events_config)
+    except (OptionError, KVEventsConfigError) as exc:
         parser.error(str(exc))
     from relaykv.serve.app import create_app
     from relaykv.serve.engine_factory import build_engine
@@ -92,11 +108,33 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         say(line)
     say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
-    return serve_app(
-        app,
-        args.host,
-        args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        on_ready=lambda url: say(f"listening on {url} (model {served.served_model_name!r})"),
-    )
+    publisher = start_kv_events(served, events_config, app)
+    try:
+        return serve_app(
+            app,
+            args.host,
+            args.port,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            on_ready=lambda url: say(f"listening on {url} (model {served.served_model_name!r})"),
+        )
+    finally:
+        if publisher is not None:
+            publisher.shutdown()
+
+
+def start_kv_events(served: ServedEngine, config: KVEventsConfig, app: FastAPI) -> Publisher | None:
+    """Publish the engine's KV events when configured; serve `/v1/kv_cache_info` always."""
+    from relaykv.serve.kv_cache_info import install_kv_cache_info
+    from relaykv.serve.kv_events import ZmqEventPublisher
+
+    publisher = None
+    if config.active:
+        publisher = ZmqEventPublisher(config, served.engine.manager.geometry)
+        served.engine.manager.set_event_sink(publisher.sink)
+        say(
+            f"KV events on {publisher.endpoint} (topic {config.topic!r}, replay "
+            f"{publisher.replay_endpoint or 'off'})"
+        )
+    install_kv_cache_info(app, served, publisher)
+    return publisher

@@ -161,3 +161,43 @@ def test_bad_flags_exit_2_before_starting_anything(
     )
     assert "--up-cmd" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+STUB_FRONT = shlex.join([sys.executable, str(Path(__file__).parent.parent / "stub_front.py")])
+
+
+def test_a_front_end_router_carries_the_workload_and_counters_stay_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Behind another router (no /cluster) the engines' counters are those without it."""
+    front = f"{STUB_FRONT} --prefill {{prefill}} --decode {{decode}} --port {{port}}"
+    common = ("--probe", "--probe-prefix-len", "64", "--settle", "0", "--order", "A/B")
+    assert ab(tmp_path / "direct", *common) == 0
+    assert ab(tmp_path / "front", *common, "--front-cmd", front) == 0
+    out = capsys.readouterr().out
+    assert "A1: front end ready at http://127.0.0.1:" in out
+    tables = [
+        json.loads((tmp_path / d / "ab_table.json").read_text())["rows"]
+        for d in ("direct", "front")
+    ]
+    counters = [
+        {(r["group"], r["metric"]): r["values"] for r in rows if "hit" in r["metric"]}
+        for rows in tables
+    ]
+    assert counters[0] == counters[1] and counters[0][("probe/serial", "local_hit_tokens")]
+    front_log = (tmp_path / "front" / "A1-front.log").read_text()
+    assert "POST /v1/completions" in front_log
+    run = json.loads((tmp_path / "front" / "ab_runs.json").read_text())["runs"][0]
+    assert run["front"].endswith("--port " + run["front"].split()[-1])
+    assert "--decode http://127.0.0.1:" in run["front"]
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [("vllm-router --decode {decode}", "{port}"), ("x {decode} --port {port}", "follow a flag")],
+)
+def test_bad_front_templates_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], template: str, message: str
+) -> None:
+    assert ab(tmp_path, "--front-cmd", template) == 2
+    assert message in capsys.readouterr().err

@@ -121,3 +121,31 @@ def test_bad_flags_and_unreachable_router(capsys: pytest.CaptureFixture[str]) ->
     assert "--suffix-len" in capsys.readouterr().err
     assert main(["probe", "--url", "http://127.0.0.1:9", "--seed", "1"]) == 1
     assert "/v1/models" in capsys.readouterr().err
+
+
+def _no_cluster() -> dict:
+    raise RuntimeError("this front end has no /cluster")  # the stub answers 500
+
+
+def test_engines_named_on_the_command_line_need_no_cluster(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Behind a production router (no /cluster) the decode engines are given with --decode."""
+    with ServerThread(EngineState(publish=True), cluster=_no_cluster) as srv:
+        assert probe(srv.url, "--json") == 1
+        assert "--prefill URL --decode URL" in capsys.readouterr().err
+        assert probe(srv.url, "--json", "--prefill", "http://p:1", "--decode", srv.url) == 0
+    assert json.loads(capsys.readouterr().out)["phases"] == [
+        phase("first_load", 0, 64, 1),
+        phase("serial", 128, 0, 2),
+        phase("overlap", 128, 0, 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--prefill", "http://p:1"], ["--decode", "d:1"], ["--decode", "ftp://d"]]
+)
+def test_bad_engine_urls_are_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe("http://127.0.0.1:9", *flags) == 2
+    err = capsys.readouterr().err
+    assert "--decode" in err

@@ -5,6 +5,10 @@ for the router and engine URLs, optionally runs the probe, runs every workload g
 reading the engines' counters before and after, then stops the cluster (SIGTERM, wait).
 Writes ab_runs.json (everything), ab_table.md/.json, PNG plots, per-group vLLM-style result
 JSONs under results/, and each cluster's log.
+
+With `--front-cmd`, each run also starts a production router (vllm-router, ...) over the
+cluster's engines and sends the workload through it instead of relaykv's router; the
+engines' counters are read the same way (`relaykv.bench.ab.front`, docs/pd.md).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import shlex
 import string
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from relaykv.bench.ab.cluster import ClusterProcess, ClusterStartError
+from relaykv.bench.ab.front import FrontProcess, check_template
 from relaykv.bench.ab.plots import write_plots
 from relaykv.bench.ab.report import build_rows, markdown_table, write_tables
 from relaykv.bench.ab.workload import DEFAULT_GROUPS, Workload, parse_group, run_group
@@ -54,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--up-cmd",
         default="relaykv up",
         help="cluster command; `--json` and the config flags are appended",
+    )
+    parser.add_argument(
+        "--front-cmd",
+        default=None,
+        metavar="TEMPLATE",
+        help="a router to put in front of each cluster's engines, e.g. 'vllm-router "
+        "--vllm-pd-disaggregation --prefill {prefill} --decode {decode} --port {port}'; "
+        "the workload goes through it (see docs/pd.md)",
     )
     parser.add_argument(
         "--up-timeout",
@@ -231,6 +244,8 @@ def check_workload(args: argparse.Namespace, workload: Workload) -> None:
             raise ValueError("--up-cmd is empty")
     except ValueError as exc:
         raise ValueError(f"--up-cmd: {exc}") from None
+    if args.front_cmd is not None:
+        check_template(args.front_cmd)
     if not (args.up_timeout > 0 and args.stop_timeout > 0 and args.request_timeout > 0):
         raise ValueError("--up-timeout, --stop-timeout and --request-timeout must be > 0")
 
@@ -284,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
             stop_timeout_s=args.stop_timeout,
         )
         log(f"[{i}/{len(plan)}] {label} ({config}): starting `{cluster.command}`")
+        front: FrontProcess | None = None
         try:
             urls = cluster.start()
             record["cluster"] = asdict(urls)
@@ -291,11 +307,24 @@ def run(args: argparse.Namespace) -> int:
                 f"[{i}/{len(plan)}] {label}: cluster ready, router {urls.router}, "
                 f"{len(urls.prefill)} prefill, {len(urls.decode)} decode"
             )
+            if args.front_cmd is not None:
+                front = FrontProcess(
+                    args.front_cmd,
+                    urls,
+                    out_dir / f"{label}-front.log",
+                    ready_timeout_s=args.up_timeout,
+                    stop_timeout_s=args.stop_timeout,
+                )
+                record["front"] = front.command
+                urls = replace(urls, router=front.start())
+                log(f"[{i}/{len(plan)}] {label}: front end ready at {urls.router}")
             asyncio.run(_measure(args, urls, workload, record, out_dir, log))
         except (ClusterStartError, ServerError) as exc:
             log(f"{PROG}: run {label} ({config}) failed: {exc}")
             status = 1
         finally:
+            if front is not None:
+                front.stop()
             code = cluster.stop()
             log(f"[{i}/{len(plan)}] {label}: cluster stopped (exit status {code})")
         runs.append(record)

@@ -1,4 +1,10 @@
-"""`relaykv probe`: the fixed-engine P/D prefix-cache probe against a running cluster."""
+"""`relaykv probe`: the fixed-engine P/D prefix-cache probe against a running cluster.
+
+The requests go to `--url` (any OpenAI-compatible P/D front end: relaykv's router,
+vllm-router, ...). The decode engines whose counters are read come from `--decode` (and
+`--prefill`, listed in the JSON) when given, else from relaykv's router's `/cluster`; a
+production router has no `/cluster`, so behind it name the engines (docs/pd.md).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import secrets
 import sys
 
 from relaykv.bench.client import ApiTarget
+from relaykv.bench.engine_counters import ClusterUrls
 from relaykv.bench.probe.run import REPORTED, ProbeReport, probe_prompts, run_probe
 from relaykv.bench.server_info import ServerError, fetch_served_model
 
@@ -17,7 +24,24 @@ DEFAULT_VOCAB_SIZE = 32000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True, help="the P/D router's base URL")
+    parser.add_argument(
+        "--url", required=True, help="the P/D front end's base URL (relaykv router, vllm-router)"
+    )
+    parser.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL[,URL...]",
+        help="prefill engine URLs (repeatable); with --decode, /cluster is not needed",
+    )
+    parser.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="URL[,URL...]",
+        help="decode engine URLs whose counters are read (repeatable; default: the "
+        "router's /cluster)",
+    )
     parser.add_argument("--prefix-len", type=int, default=8192, help="shared prefix x (tokens)")
     parser.add_argument("--suffix-len", type=int, default=16, help="suffixes a and b (tokens)")
     parser.add_argument(
@@ -74,9 +98,30 @@ def format_table(report: ProbeReport) -> str:
     return "\n".join(lines)
 
 
+def engine_urls(values: list[str], flag: str) -> tuple[str, ...]:
+    """`--decode A,B --decode C` -> (A, B, C); a URL must be http(s)://host[:port]."""
+    urls = tuple(u.strip().rstrip("/") for v in values for u in v.split(",") if u.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{flag}: expected an http(s):// URL, got {url!r}")
+    return urls
+
+
+def named_cluster(url: str, prefill: list[str], decode: list[str]) -> ClusterUrls | None:
+    """The engines named on the command line, or None to ask the router's /cluster."""
+    decode_urls = engine_urls(decode, "--decode")
+    prefill_urls = engine_urls(prefill, "--prefill")
+    if prefill_urls and not decode_urls:
+        raise ValueError("--prefill needs --decode: the probe reads the decode engines")
+    if not decode_urls:
+        return None
+    return ClusterUrls(router=url.rstrip("/"), prefill=prefill_urls, decode=decode_urls)
+
+
 async def probe_router(
     url: str,
     *,
+    cluster: ClusterUrls | None = None,
     prefix_len: int,
     suffix_len: int,
     seed: int,
@@ -104,7 +149,7 @@ async def probe_router(
         sampling={"temperature": 0.0},
         timeout_s=timeout_s,
     )
-    return await run_probe(target, base, prompts, settle_s=settle_s, log=log)
+    return await run_probe(target, base, prompts, settle_s=settle_s, log=log, cluster=cluster)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     try:
         probe_prompts(args.prefix_len, args.suffix_len, args.vocab_size or 2, seed)
+        cluster = named_cluster(args.url, args.prefill, args.decode)
     except ValueError as exc:
         print(f"relaykv probe: error: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         report = asyncio.run(
             probe_router(
                 args.url,
+                cluster=cluster,
                 prefix_len=args.prefix_len,
                 suffix_len=args.suffix_len,
                 seed=seed,

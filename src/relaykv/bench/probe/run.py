@@ -4,7 +4,8 @@ Two prompts x+a and x+b share a long prefix x (random token ids from one seeded
 generator: x, then a, then b, redrawing b if it equals a). Each is sent with
 `max_tokens=1` to the router, in three phases: (1) `first_load`: x+a once; (2) `serial`:
 x+a, then x+b after it finished; (3) `overlap`: x+a and x+b at the same time. Around every
-phase the decode engines' counters are read (their URLs from the router's `/cluster`), and
+phase the decode engines' counters are read (their URLs given, or from relaykv's router's
+`/cluster`), and
 the deltas say where D's prompt tokens came from: its local prefix cache, an external load
 (P/D transfer), and how many KV bytes it received.
 """
@@ -28,6 +29,7 @@ from relaykv.bench.engine_counters import (
 )
 from relaykv.bench.outcome import RequestOutcome
 from relaykv.bench.runner import new_session
+from relaykv.bench.server_info import ServerError
 
 PHASES: tuple[str, ...] = ("first_load", "serial", "overlap")
 REPORTED: tuple[str, ...] = ("local_hit_tokens", "external_hit_tokens", "kv_bytes_received")
@@ -94,7 +96,14 @@ async def run_probe(
 
     The decode URLs come from `cluster` when given, else from the router's `/cluster`.
     """
-    cluster = cluster or await fetch_cluster(router_url)
+    if cluster is None:
+        try:
+            cluster = await fetch_cluster(router_url)
+        except ServerError as exc:
+            raise ServerError(
+                f"{exc} (a front end other than relaykv's router, such as vllm-router, has no "
+                "/cluster: name the engines with --prefill URL --decode URL)"
+            ) from None
     if not cluster.decode:
         log("warning: /cluster lists no decode engine; counters will read 0")
     xa, xb = (SampleRequest(p, 1) for p in prompts)

@@ -1,0 +1,183 @@
+"""What one engine holds, rebuilt from its KV events, and the usable hit there (docs/routing.md).
+
+An `EngineIndex` keeps, per KV group, the set of block keys the engine can serve, fed by the
+engine's vLLM-format KV event batches (docs/kv-events.md) in sequence order. It exposes them
+as `maps` (key -> 1), the shape kvcache's lookup reads, so the router's "usable hit" is
+computed by the very code the engine runs (`relaykv.kvcache.find_longest_hit` with the prefill
+cap for a prefill engine, the P/D plan's local reuse for a decode engine), never re-implemented.
+
+Sequence rules (`accept`):
+* the first batch seen after `reset()` may start anywhere; a caller that wants the full state
+  asks for a replay from 0 (`needs_replay`);
+* a batch whose number is below the next expected one is a duplicate (a replay overlapping
+  the live stream) and is ignored;
+* a batch above the next expected one is a gap: `accept` refuses it and the caller replays
+  from `expected`, or, when the publisher no longer has those batches, calls `reset()` so the
+  index holds only what later events prove (it may miss blocks, never invent them).
+
+Memory: one dict entry per held block and group (the key's bytes object plus a slot),
+measured by `benchmarks/bench_router.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from relaykv.kvcache import CacheRequest, CacheRole, Geometry, GroupSpec, pd_plan, rules_for
+from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
+from relaykv.kvcache.groups import GroupRules
+from relaykv.kvcache.lookup import find_longest_hit
+from relaykv.kvcache.manager import prefill_hit_cap
+
+
+class _Event(msgspec.Struct, tag=True):
+    pass
+
+
+class BlockStored(_Event):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class BlockRemoved(_Event):
+    block_hashes: list[bytes | int]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(_Event):
+    pass
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+_DECODER = msgspec.msgpack.Decoder(_Batch)
+_HELD = 1  # the index does not know block ids; lookups only test membership
+
+
+def geometry_from_json(raw: dict[str, Any]) -> Geometry:
+    """The engine's geometry from `/v1/kv_cache_info` (raises ValueError when malformed)."""
+    try:
+        groups = tuple(
+            GroupSpec(g["kind"], int(g["block_size"]), g.get("window"), bool(g.get("draft")))
+            for g in raw["groups"]
+        )
+        return Geometry(
+            groups, eagle=bool(raw.get("eagle")), eagle_reuse=raw.get("eagle_reuse", "drop")
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed geometry: {exc}") from None
+
+
+@dataclass(eq=False)
+class EngineIndex:
+    """The blocks one engine holds, per group, and the sequence bookkeeping of its events."""
+
+    geometry: Geometry
+    role: str = "colocated"  # prefill | decode | colocated: how the hit is scored
+    pd_policy: str = "per-group"
+    maps: list[dict[bytes, int]] = field(default_factory=list)
+    expected: int | None = None  # next sequence number; None until the first batch
+    batches: int = 0
+    gaps: int = 0
+    resets: int = 0
+    events_dropped: int = 0  # malformed batches or events for unknown groups
+
+    def __post_init__(self) -> None:
+        self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
+        if not self.maps:
+            self.maps = [{} for _ in self.geometry.groups]
+
+    # -- feeding ---------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(m) for m in self.maps)
+
+    def reset(self) -> None:
+        """Forget everything (engine restarted, disconnected, or an unrecoverable gap)."""
+        for gmap in self.maps:
+            gmap.clear()
+        self.expected = None
+        self.resets += 1
+
+    def accept(self, seq: int, payload: bytes) -> bool:
+        """Apply batch `seq` if it is the next one (see module docstring); False on a gap."""
+        if self.expected is not None:
+            if seq < self.expected:
+                return True  # duplicate
+            if seq > self.expected:
+                self.gaps += 1
+                return False
+        self.apply(payload)
+        self.expected = seq + 1
+        return True
+
+    def apply(self, payload: bytes) -> None:
+        try:
+            batch = _DECODER.decode(payload)
+        except msgspec.DecodeError:
+            self.events_dropped += 1
+            return
+        self.batches += 1
+        num_groups = len(self.maps)
+        for ev in batch.events:
+            if isinstance(ev, AllBlocksCleared):
+                for gmap in self.maps:
+                    gmap.clear()
+                continue
+            group = ev.group_idx if ev.group_idx is not None else 0
+            if not 0 <= group < num_groups:
+                self.events_dropped += 1
+                continue
+            gmap = self.maps[group]
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    if isinstance(h, bytes):
+                        gmap[h] = _HELD
+            else:
+                for h in ev.block_hashes:
+                    if isinstance(h, bytes):
+                        gmap.pop(h, None)
+
+    # -- scoring -----------------------------------------------------------------------
+    def usable_hit(self, req: CacheRequest) -> int:
+        """Prompt tokens this engine would reuse for `req` (kvcache's own rules)."""
+        if not req.num_tokens:
+            return 0
+        if self.role == "decode":
+            n = req.num_prompt_tokens
+            plan = pd_plan(self.geometry, self.pd_policy, n)
+            if plan.common_resume:
+                return find_longest_hit(req, self.rules, self).tokens
+            local = [
+                reusable_blocks(req, rule, self.maps[rule.index], plan.held[rule.index])
+                for rule in self.rules
+            ]
+            return tokens_local_everywhere(self.rules, self.geometry.hash_unit, local, n)
+        cap = None
+        if self.role == "prefill":
+            cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+        return find_longest_hit(req, self.rules, self, cap).tokens
+
+    def request(
+        self, tokens: list[int], salt: str | None = None, request_id: str = "route"
+    ) -> CacheRequest:
+        """A cache request with this engine's hashing (share it among equal geometries)."""
+        role = CacheRole.PREFILL if self.role == "prefill" else CacheRole.COLOCATED
+        return CacheRequest(request_id, tokens, self.rules, self.geometry.hash_unit, salt, role)

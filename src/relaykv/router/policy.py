@@ -1,0 +1,131 @@
+"""Routing policies: which engine of a role takes a request (docs/routing.md).
+
+A policy is a pure, clock-free object: `choose(candidates)` looks only at the numbers it is
+given (each candidate's usable hit and load) and at its own turn counter, so the simulator
+(`relaykv sim`) runs the very same decisions on a virtual clock.
+
+Contract: `candidates` is non-empty and holds only engines that may take the request;
+`choose` returns an index into it and never raises.
+
+`CacheAwarePolicy` (the default) scores each engine
+
+    score = hit_weight * hit_tokens / prompt_tokens
+            - load_weight * (load - least load among candidates)
+            - kv_weight * kv_usage
+
+where `load = in_flight + queue_weight * waiting` (requests this router has in flight there
+plus the engine's own queue, which also counts other routers' work). Engines whose load
+after taking the request would exceed `max_load_ratio` times the mean load (the new request
+included, and at least one request per engine) are skipped unless every engine is,
+so a hot prefix spreads: a usable hit is worth at most `hit_weight / load_weight` extra
+requests in flight. Ties go round robin.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+ROUTING_MODES: tuple[str, ...] = ("cache-aware", "least-loaded", "round-robin")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One engine as a policy sees it for one request."""
+
+    hit_tokens: int = 0  # usable prompt tokens already held there (0 when unknown)
+    prompt_tokens: int = 0
+    in_flight: int = 0  # requests this router has in flight there
+    waiting: int = 0  # the engine's own queue (its metrics; 0 when unknown)
+    kv_usage: float = 0.0  # fraction of the engine's KV pool in use (0..1)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareWeights:
+    hit_weight: float = 1.0
+    load_weight: float = 0.2
+    kv_weight: float = 0.3
+    queue_weight: float = 1.0
+    max_load_ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("hit_weight", "load_weight", "kv_weight", "queue_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_load_ratio < 1:
+            raise ValueError("max_load_ratio must be >= 1")
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def choose(self, candidates: Sequence[Candidate]) -> int: ...
+
+
+class _Turns:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def tie(self, tied: list[int]) -> int:
+        return tied[next(self._turn) % len(tied)]
+
+
+class RoundRobinPolicy(_Turns):
+    name = "round-robin"
+
+    def choose(self, candidates: Sequence[Candidate]) -> int:
+        return self.tie(list(range(len(candidates))))
+
+
+class LeastLoadedPolicy(_Turns):
+    """Fewest requests in flight through this router (ties round robin): the old default."""
+
+    name = "least-loaded"
+
+    def choose(self, candidates: Sequence[Candidate]) -> int:
+        least = min(c.in_flight for c in candidates)
+        return self.tie([i for i, c in enumerate(candidates) if c.in_flight == least])
+
+
+class CacheAwarePolicy(_Turns):
+    name = "cache-aware"
+
+    def __init__(self, weights: CacheAwareWeights | None = None) -> None:
+        super().__init__()
+        self.weights = weights or CacheAwareWeights()
+
+    def load(self, c: Candidate) -> float:
+        return c.in_flight + self.weights.queue_weight * c.waiting
+
+    def choose(self, candidates: Sequence[Candidate]) -> int:
+        w = self.weights
+        loads = [self.load(c) for c in candidates]
+        # The mean counts the new request; below one request per engine it counts as one, so
+        # a nearly idle cluster still lets a request join the engine holding its prefix.
+        mean_after = max(1.0, (sum(loads) + 1) / len(loads))
+        cap = w.max_load_ratio * mean_after
+        eligible = [i for i, load in enumerate(loads) if load + 1 <= cap]
+        if not eligible:
+            eligible = list(range(len(candidates)))
+        least = min(loads[i] for i in eligible)
+        scores: dict[int, float] = {}
+        for i in eligible:
+            c = candidates[i]
+            hit = c.hit_tokens / c.prompt_tokens if c.prompt_tokens > 0 else 0.0
+            scores[i] = (
+                w.hit_weight * hit - w.load_weight * (loads[i] - least) - w.kv_weight * c.kv_usage
+            )
+        best = max(scores.values())
+        return self.tie([i for i in eligible if scores[i] >= best - 1e-9])
+
+
+def make_policy(mode: str, weights: CacheAwareWeights | None = None) -> RoutingPolicy:
+    if mode == "cache-aware":
+        return CacheAwarePolicy(weights)
+    if mode == "least-loaded":
+        return LeastLoadedPolicy()
+    if mode == "round-robin":
+        return RoundRobinPolicy()
+    raise ValueError(f"unknown routing mode {mode!r}; choose from {', '.join(ROUTING_MODES)}")

@@ -1,0 +1,265 @@
+"""The router's engine choice: prompt tokens, per-engine indexes, the policy (docs/routing.md).
+
+`Routing` owns one `EngineTracker` per engine URL. Each health tick (`refresh`) reads the
+engine's `/v1/kv_cache_info` (geometry, role, P/D policy, KV event endpoints, instance id)
+and `/metrics` (queue, KV usage); with cache-aware routing it follows the engine's KV events
+into an `EngineIndex`. A new instance id (the engine restarted) drops the old index.
+
+`pick(pool, tried, prompt)` scores every healthy, untried engine of the pool: the usable hit
+of the prompt there (kvcache's lookup over the index; 0 for an engine without one, which is
+then judged on load alone) and its load, and lets the policy choose.
+
+Prompt tokens come from the request: a completion's token ids as sent, or its text encoded
+with the engine's own tokenizer (fetched once from `/v1/kv_cache_info/tokenizer`, loaded with
+`tokenizers`). Chat messages are routed on load alone (the chat template lives in the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from relaykv.kvcache import CacheRequest
+from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.index import EngineIndex, geometry_from_json
+from relaykv.router.kv_subscriber import EventSubscriber
+from relaykv.router.policy import CacheAwareWeights, Candidate, RoutingPolicy, make_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Prompt:
+    tokens: list[int]
+    salt: str | None = None
+    _requests: dict[Any, CacheRequest] = field(default_factory=dict)
+
+    def request_for(self, index: EngineIndex) -> CacheRequest:
+        """One hashed request per geometry, shared by every engine that has it."""
+        key = index.geometry
+        req = self._requests.get(key)
+        if req is None:
+            req = self._requests[key] = index.request(self.tokens, self.salt)
+        return req
+
+
+@dataclass(eq=False)
+class EngineTracker:
+    backend: Backend
+    instance: str | None = None
+    index: EngineIndex | None = None
+    subscriber: EventSubscriber | None = None
+    waiting: int = 0
+    kv_usage: float = 0.0
+    decisions: int = 0
+    hit_tokens: int = 0  # usable tokens of the prompts routed here (as scored)
+
+
+class Routing:
+    def __init__(
+        self,
+        mode: str = "cache-aware",
+        weights: CacheAwareWeights | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.mode = mode
+        self.weights = weights
+        self.api_key = api_key
+        self.policies: dict[str, RoutingPolicy] = {}
+        self.trackers: dict[str, EngineTracker] = {}
+        self.peak_load_ratio: dict[str, float] = {}  # per role: max chosen load / mean load
+        self._tokenizer: Any = None
+        self._tokenizer_info: dict[str, Any] | None = None
+
+    def tracker(self, backend: Backend) -> EngineTracker:
+        t = self.trackers.get(backend.url)
+        if t is None:
+            t = self.trackers[backend.url] = EngineTracker(backend)
+        return t
+
+    # -- prompts ---------------------------------------------------------------------
+    def prompt(self, body: dict[str, Any]) -> Prompt | None:
+        if self.mode != "cache-aware":
+            return None
+        salt = body.get("cache_salt")
+        salt = salt if isinstance(salt, str) else None
+        raw = body.get("prompt")
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+            raw = raw[0]
+        if isinstance(raw, list) and raw and all(type(t) is int for t in raw):
+            return Prompt(raw, salt)
+        if isinstance(raw, str) and raw and self._tokenizer is not None:
+            ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
+            info = self._tokenizer_info or {}
+            bos = info.get("bos_token_id")
+            if info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
+                ids = [bos, *ids]
+            return Prompt(list(ids), salt)
+        return None
+
+    # -- choice ------------------------------------------------------------------------
+    def pick(self, pool: BackendPool, tried: set[Backend], prompt: Prompt | None) -> Backend | None:
+        backends = [b for b in pool.backends if b.healthy and b not in tried]
+        if not backends:
+            return None
+        policy = self.policies.get(pool.role)
+        if policy is None:
+            policy = self.policies[pool.role] = make_policy(self.mode, self.weights)
+        candidates = []
+        for b in backends:
+            t = self.tracker(b)
+            hit = 0
+            if prompt is not None and t.index is not None and t.subscriber is not None:
+                hit = t.index.usable_hit(prompt.request_for(t.index))
+            candidates.append(
+                Candidate(
+                    hit_tokens=hit,
+                    prompt_tokens=len(prompt.tokens) if prompt else 0,
+                    in_flight=b.in_flight,
+                    waiting=t.waiting,
+                    kv_usage=t.kv_usage,
+                )
+            )
+        choice = policy.choose(candidates)
+        t = self.tracker(backends[choice])
+        t.decisions += 1
+        t.hit_tokens += candidates[choice].hit_tokens
+        # Balance record: the chosen engine's in-flight count against the pool's mean, once
+        # the pool has at least one request per engine in flight.
+        total = sum(b.in_flight for b in pool.backends) + 1
+        if total >= len(pool.backends):
+            ratio = (backends[choice].in_flight + 1) * len(pool.backends) / total
+            self.peak_load_ratio[pool.role] = max(self.peak_load_ratio.get(pool.role, 0.0), ratio)
+        return backends[choice]
+
+    # -- background ----------------------------------------------------------------------
+    async def refresh(self, client: httpx.AsyncClient, pools: list[BackendPool]) -> None:
+        backends = [b for pool in pools for b in pool.backends]
+        await asyncio.gather(*(self._refresh_one(client, b) for b in backends))
+        if self.mode == "cache-aware" and self._tokenizer_info is None:
+            await self._load_tokenizer(client, backends)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    async def _refresh_one(self, client: httpx.AsyncClient, backend: Backend) -> None:
+        t = self.tracker(backend)
+        if not backend.healthy:
+            return
+        try:
+            resp = await client.get(
+                f"{backend.url}/v1/kv_cache_info", headers=self._headers(), timeout=2.0
+            )
+            info = resp.json() if resp.status_code == 200 else None
+            metrics = await client.get(f"{backend.url}/metrics", timeout=2.0)
+        except (httpx.HTTPError, ValueError):
+            return
+        if metrics.status_code == 200:
+            t.waiting, t.kv_usage = _load_from_metrics(metrics.text)
+        if not isinstance(info, dict) or info.get("instance") == t.instance:
+            return
+        await self._follow(t, backend, info)
+
+    async def _follow(self, t: EngineTracker, backend: Backend, info: dict[str, Any]) -> None:
+        """A new engine instance: a new, empty index and a subscription to its events."""
+        if t.subscriber is not None:
+            await t.subscriber.stop()
+            t.subscriber = None
+        t.instance = info.get("instance")
+        try:
+            geometry = geometry_from_json(info.get("geometry") or {})
+        except ValueError as exc:
+            log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
+            t.index = None
+            return
+        t.index = EngineIndex(
+            geometry, str(info.get("role", "colocated")), str(info.get("pd_policy", "per-group"))
+        )
+        events = info.get("kv_events")
+        if self.mode != "cache-aware" or not isinstance(events, dict):
+            return
+        host = urlsplit(backend.url).hostname or "127.0.0.1"
+        endpoint = _reachable(str(events.get("endpoint")), host)
+        replay = events.get("replay_endpoint")
+
+        def down(reason: str) -> None:
+            backend.healthy = False
+            backend.last_error = reason
+            log.warning("%s engine %s out of rotation: %s", backend.role, backend.url, reason)
+
+        t.subscriber = EventSubscriber(
+            t.index,
+            endpoint,
+            _reachable(replay, host) if replay else None,
+            str(events.get("topic", "")),
+            on_down=down,
+        )
+        t.subscriber.start()
+
+    async def _load_tokenizer(self, client: httpx.AsyncClient, backends: list[Backend]) -> None:
+        for b in backends:
+            if not b.healthy:
+                continue
+            try:
+                resp = await client.get(
+                    f"{b.url}/v1/kv_cache_info/tokenizer", headers=self._headers(), timeout=10.0
+                )
+                info = resp.json() if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                continue
+            if isinstance(info, dict) and isinstance(info.get("json"), str):
+                from tokenizers import Tokenizer
+
+                self._tokenizer = Tokenizer.from_str(info["json"])
+                self._tokenizer_info = info
+                return
+            self._tokenizer_info = {}  # the engine has no tokenizer: text is load-only
+            return
+
+    async def stop(self) -> None:
+        for t in self.trackers.values():
+            if t.subscriber is not None:
+                await t.subscriber.stop()
+                t.subscriber = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "peak_load_ratio": self.peak_load_ratio,
+            "engines": {
+                url: {
+                    "indexed_blocks": t.index.num_blocks if t.index else None,
+                    "event_batches": t.index.batches if t.index else 0,
+                    "gaps": t.index.gaps if t.index else 0,
+                    "resets": t.index.resets if t.index else 0,
+                    "decisions": t.decisions,
+                    "routed_hit_tokens": t.hit_tokens,
+                    "waiting": t.waiting,
+                    "kv_usage": t.kv_usage,
+                }
+                for url, t in self.trackers.items()
+            },
+        }
+
+
+def _reachable(endpoint: str, host: str) -> str:
+    """An endpoint bound on every interface is reached at the engine's own host."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:"):
+        if endpoint.startswith(wildcard):
+            return f"tcp://{host}:" + endpoint.removeprefix(wildcard)
+    return endpoint
+
+
+def _load_from_metrics(text: str) -> tuple[int, float]:
+    waiting, usage = 0, 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_waiting"):
+            waiting = int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("vllm:kv_cache_usage_perc"):
+            usage = float(line.rsplit(" ", 1)[1])
+    return waiting, usage

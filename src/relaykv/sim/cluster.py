@@ -1,0 +1,285 @@
+"""A simulated P/D cluster driven by a simulated `bench serve` client.
+
+The client sends each request at its arrival offset with at most `max_concurrency` in
+flight (warmups first, unmeasured), like `relaykv bench serve`. The router is
+`relaykv.router`'s own `BackendPool` (least loaded, ties round robin; the same code as
+`relaykv router`), called directly: a request goes to a prefill engine with
+`do_remote_decode` and `max_tokens=1`, P's answer (its `kv_transfer_params`) goes with the
+original request to a decode engine, and D's tokens are the client's stream (TTFT is D's
+first token). Each HTTP hop costs `request_overhead_s`. With no prefill engines the decode
+engines are colocated ones and the router only balances them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
+from relaykv.router.backends import Backend, BackendPool
+from relaykv.sim.clock import EventLoop
+from relaykv.sim.engine import SimEngine
+from relaykv.sim.executor import CostModelExecutor
+from relaykv.sim.hardware import HardwareSpec, LinkSpec
+from relaykv.sim.models import ModelSpec
+from relaykv.sim.transport import SimTransport
+from relaykv.sim.workload import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    model: ModelSpec
+    hardware: HardwareSpec
+    link: LinkSpec
+    pd_policy: str = "per-group"
+    num_prefill: int = 1
+    num_decode: int = 1
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    num_speculative_tokens: int = 0
+    acceptance_rate: float = 0.7
+    num_blocks: int = 10000
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    retention: str = "boundaries"
+    request_overhead_s: float = 1e-3
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the client saw of one request (the `bench serve` per-request fields)."""
+
+    index: int
+    prompt_len: int
+    output_len: int
+    send_time: float = 0.0
+    first_token_time: float | None = None
+    end_time: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+    warmup: bool = False
+    decode_engine: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end_time is not None
+
+
+class SimCluster:
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.loop = EventLoop()
+        self.transport = SimTransport(self.loop, spec.link, self._notify)
+        self.engines: dict[str, SimEngine] = {}
+        colocated = spec.num_prefill == 0
+        for i in range(spec.num_prefill):
+            self._add_engine(f"prefill{i}", "prefill", spec.prefill_tp)
+        for i in range(spec.num_decode):
+            self._add_engine(f"decode{i}", "colocated" if colocated else "decode", spec.decode_tp)
+        self.prefill_pool = (
+            None
+            if colocated
+            else BackendPool("prefill", [f"prefill{i}" for i in range(spec.num_prefill)])
+        )
+        self.decode_pool = BackendPool("decode", [f"decode{i}" for i in range(spec.num_decode)])
+        self._backends: dict[str, Backend] = {
+            b.url: b
+            for pool in (self.prefill_pool, self.decode_pool)
+            if pool
+            for b in pool.backends
+        }
+        self.records: list[RequestRecord] = []
+        self._live: dict[str, tuple[RequestRecord, SamplingParams, list[int]]] = {}
+        self._on_done: Callable[[RequestRecord], None] = lambda r: None
+
+    def _add_engine(self, name: str, role: str, tp: int) -> None:
+        s = self.spec
+        executor = CostModelExecutor(
+            s.model,
+            s.hardware,
+            tp=tp,
+            num_speculative_tokens=s.num_speculative_tokens,
+            acceptance_rate=s.acceptance_rate,
+        )
+        config = EngineConfig(
+            num_blocks=s.num_blocks,
+            scheduler=s.scheduler,
+            retention=s.retention,
+            role=role,
+            pd_policy=s.pd_policy,
+            model_name=s.model.name,
+        )
+        self.engines[name] = SimEngine(
+            name, executor, config, self.loop, self._progress, self.transport
+        )
+
+    def _notify(self, engine_id: str) -> None:
+        self.engines[engine_id].kick()
+
+    # -- the router --------------------------------------------------------------------
+    def submit(self, record: RequestRecord, prompt: list[int], params: SamplingParams) -> None:
+        """The client sends a request now; `on_done` is called once it ends."""
+        rid = f"req-{record.index}" + ("-w" if record.warmup else "")
+        record.send_time = self.loop.now
+        self.records.append(record)
+        self._live[rid] = (record, params, prompt)
+        if self.prefill_pool is None:
+            self.loop.after(
+                self.spec.request_overhead_s,
+                lambda: self._to_engine(self.decode_pool, rid, prompt, params, None),
+            )
+            return
+        p_params = {"do_remote_decode": True}
+        self.loop.after(
+            self.spec.request_overhead_s,
+            lambda: self._to_engine(self.prefill_pool, rid, prompt, params, p_params),
+        )
+
+    def _to_engine(
+        self,
+        pool: BackendPool | None,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        kv: dict[str, Any] | None,
+    ) -> None:
+        assert pool is not None
+        backend = pool.pick()
+        assert backend is not None
+        engine = self.engines[backend.url]
+        try:
+            engine.add(rid, prompt, params, kv)
+        except InvalidRequest as exc:
+            self._fail(rid, f"{exc}")
+            return
+        backend.in_flight += 1
+        backend.requests += 1
+        if engine.connector is None or engine.connector.role == "decode":
+            self._live[rid][0].decode_engine = engine.name
+
+    def _progress(self, engine: SimEngine, req: Request, new_tokens: list[int]) -> None:
+        rid = req.request_id
+        entry = self._live.get(rid)
+        if entry is None:
+            return
+        record, params, prompt = entry
+        now = self.loop.now
+        is_prefill = engine.connector is not None and engine.connector.role == "prefill"
+        if is_prefill:
+            if not req.finished:
+                return
+            self._backends[engine.name].in_flight -= 1
+            if req.error or req.kv_transfer_params is None:
+                self._fail(rid, req.error or "the prefill engine returned no transfer params")
+                return
+            kv = dict(req.kv_transfer_params)
+            self.loop.after(
+                self.spec.request_overhead_s,
+                lambda: self._to_engine(self.decode_pool, rid, prompt, params, kv),
+            )
+            return
+        if new_tokens:
+            if record.first_token_time is None:
+                record.first_token_time = now
+            record.output_tokens += len(new_tokens)
+        if req.finished:
+            self._backends[engine.name].in_flight -= 1
+            if req.error:
+                self._fail(rid, req.error)
+                return
+            record.end_time = now
+            del self._live[rid]
+            self._on_done(record)
+
+    def _fail(self, rid: str, error: str) -> None:
+        record = self._live.pop(rid)[0]
+        record.error = error
+        record.end_time = self.loop.now
+        self._on_done(record)
+
+    # -- the client --------------------------------------------------------------------
+    def run(
+        self,
+        requests: list[SimRequest],
+        offsets: list[float],
+        *,
+        max_concurrency: int | None,
+        num_warmups: int,
+        ignore_eos: bool = True,
+        on_measured: Callable[[], None] = lambda: None,
+    ) -> float:
+        """Warm up, then send every request; returns the measured phase's start time.
+        `on_measured` runs between the two (a counter scrape)."""
+
+        def params(r: SimRequest) -> SamplingParams:
+            return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=ignore_eos)
+
+        limit = max_concurrency or 1 << 30
+        if num_warmups:
+            first = requests[0]
+            self._send_gated([(first, 0.0)] * num_warmups, limit, params, warmup=True)
+            self.loop.run()
+        on_measured()
+        start = self.loop.now
+        self._send_gated(list(zip(requests, offsets, strict=True)), limit, params, warmup=False)
+        self.loop.run()
+        return start
+
+    def _send_gated(
+        self,
+        items: list[tuple[SimRequest, float]],
+        limit: int,
+        params: Callable[[SimRequest], SamplingParams],
+        warmup: bool,
+    ) -> None:
+        start = self.loop.now
+        queue: list[tuple[int, SimRequest]] = []
+        state = {"in_flight": 0, "next": 0}
+        base = len(self.records)
+
+        def pump() -> None:
+            while queue and state["in_flight"] < limit:
+                i, r = queue.pop(0)
+                state["in_flight"] += 1
+                self.submit(
+                    RequestRecord(base + i, len(r.prompt), r.output_len, warmup=warmup),
+                    r.prompt,
+                    params(r),
+                )
+
+        def done(_: RequestRecord) -> None:
+            state["in_flight"] -= 1
+            pump()
+
+        self._on_done = done
+        for i, (r, offset) in enumerate(items):
+
+            def arrive(i: int = i, r: SimRequest = r) -> None:
+                queue.append((i, r))
+                pump()
+
+            self.loop.at(start + offset, arrive)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Cache stats summed per role (the engines' `/metrics` counters)."""
+        out: dict[str, dict[str, int]] = {}
+        for engine in self.engines.values():
+            role = (
+                "prefill" if engine.connector and engine.connector.role == "prefill" else "decode"
+            )
+            totals = out.setdefault(role, {})
+            for key, value in engine.manager.stats.snapshot().items():
+                if isinstance(value, int):
+                    totals[key] = totals.get(key, 0) + value
+            m = engine.engine.metrics
+            for key, value in (
+                ("preemptions", engine.scheduler.num_preemptions),
+                ("draft_tokens", m.spec_num_draft_tokens),
+                ("accepted_tokens", m.spec_num_accepted_tokens),
+                ("steps", engine.num_steps),
+            ):
+                totals[key] = totals.get(key, 0) + value
+        return out
+
+    def check(self) -> list[str]:
+        return [f"{name}: {p}" for name, e in self.engines.items() for p in e.check()]

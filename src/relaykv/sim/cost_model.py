@@ -1,0 +1,129 @@
+"""Step time of one engine step from its batch (docs/simulator.md "Cost model").
+
+For a step whose sequences compute `n_i` new tokens each starting at position `s_i`
+(a prefill chunk, a decode token, or a speculative verification of k+1 tokens: the same
+formula), on an engine of TP t:
+
+* FLOPs = 2 * active_params * T  (T = sum n_i; MoE: active parameters only)
+        + per attention layer, 4 * q_heads * head_dim * sum over new positions p of the
+          context it attends to: p+1 (full), min(p+1, W) (sliding), divided by the
+          compression of a compressed full-context layer;
+        + the draft: 2 * draft_params per token it reads (prompt and verified tokens) and
+          per proposal;
+* bytes = weights read once per step (dense + the experts the step's tokens touch,
+          `ModelSpec.weight_bytes`) + per sequence the KV its attention reads (per layer
+          kind `kv_bytes_per_token * context`, windowed for sliding) + the KV it writes;
+* time = overhead + per-sequence overhead * sequences
+         + max(FLOPs / (t * peak * MFU), bytes / (t * HBM * MBU))    [combine = max]
+           or the sum of both                                          [combine = sum]
+         + all-reduces: 2 per layer of T * hidden * 2 bytes, ring over NVLink:
+           2 (t-1)/t * size / bandwidth + latency each (0 when t = 1)
+         + draft proposals: k passes of one token per sequence, each memory-bound on the
+           draft's weights, plus a fixed per-pass overhead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relaykv.sim.hardware import HardwareSpec
+from relaykv.sim.models import LayerKind, ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SeqShape:
+    """One sequence of a step: `new` tokens computed from position `start`; `proposals`
+    draft tokens proposed after it (k when it samples and proposes, else 0)."""
+
+    start: int
+    new: int
+    proposals: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    flops: float
+    bytes: float
+    allreduce_s: float
+    draft_s: float
+    seconds: float
+
+
+def context_sum(start: int, new: int, window: int | None) -> int:
+    """Sum over positions p in [start, start+new) of the attended context length:
+    p+1 for full attention, min(p+1, window) for sliding."""
+    lo, hi = start + 1, start + new  # context lengths p+1 run over [lo, hi]
+    if new <= 0:
+        return 0
+    if window is None or hi <= window:
+        return (lo + hi) * new // 2
+    if lo > window:
+        return window * new
+    below = (lo + window) * (window - lo + 1) // 2  # lengths lo..window
+    return below + window * (hi - window)
+
+
+def context_len(end: int, window: int | None, compression: int = 1) -> int:
+    """KV entries attention reads for a query at the last position `end - 1`."""
+    span = end if window is None else min(end, window)
+    return -(-span // compression)
+
+
+def _attention(kind: LayerKind, seqs: Sequence[SeqShape]) -> tuple[float, float]:
+    flops = 0.0
+    read = 0.0
+    per_layer = 4.0 * kind.num_q_heads * kind.head_dim
+    for s in seqs:
+        ctx = context_sum(s.start, s.new, kind.window) / kind.compression
+        flops += per_layer * ctx
+        read += kind.kv_bytes_per_token * (
+            context_len(s.start + s.new, kind.window, kind.compression) + s.new
+        )
+    return flops * kind.num_layers, read * kind.num_layers
+
+
+def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqShape]) -> StepCost:
+    """The modelled duration of one step (the module docstring's formula)."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    tokens = sum(s.new for s in seqs)
+    flops = 2.0 * model.active_params * tokens
+    nbytes = model.weight_bytes(tokens)
+    for kind in model.layers:
+        f, b = _attention(kind, seqs)
+        flops += f
+        nbytes += b
+    draft_s = 0.0
+    proposing = [s for s in seqs if s.proposals]
+    if model.draft is not None and model.draft_params:
+        flops += 2.0 * model.draft_params * tokens
+        f, b = _attention(model.draft, seqs)
+        flops += f
+        nbytes += b
+        if proposing:
+            passes = max(s.proposals for s in proposing)
+            one = [SeqShape(s.start + s.new, 1) for s in proposing]
+            df, db = _attention(model.draft, one)
+            dflops = 2.0 * model.draft_params * len(one) + df
+            dbytes = model.draft_params * model.dense_weight_bytes + db
+            draft_s = passes * (hw.draft_pass_overhead_s + _combine(hw, tp, dflops, dbytes))
+    allreduce_s = 0.0
+    if tp > 1:
+        size = tokens * model.hidden_size * 2.0
+        per_call = 2.0 * (tp - 1) / tp * size / hw.interconnect_bandwidth + hw.allreduce_latency_s
+        allreduce_s = 2 * model.num_layers * per_call
+    seconds = (
+        hw.step_overhead_s
+        + hw.per_sequence_overhead_s * len(seqs)
+        + _combine(hw, tp, flops, nbytes)
+        + allreduce_s
+        + draft_s
+    )
+    return StepCost(flops, nbytes, allreduce_s, draft_s, seconds)
+
+
+def _combine(hw: HardwareSpec, tp: int, flops: float, nbytes: float) -> float:
+    compute = flops / (tp * hw.peak_flops * hw.mfu)
+    memory = nbytes / (tp * hw.hbm_bandwidth * hw.mbu)
+    return max(compute, memory) if hw.combine == "max" else compute + memory

@@ -1,0 +1,123 @@
+"""Accelerator and link presets with their published figures, and calibration files.
+
+A `HardwareSpec` is what the cost model (`relaykv.sim.cost_model`) needs of one device:
+peak dense BF16 tensor FLOP/s, HBM bandwidth, memory, the NVLink bandwidth an all-reduce
+runs over, the efficiencies actually reached (MFU for compute-bound prefill, MBU for
+memory-bound decode) and the fixed per-step and per-sequence overheads of a serving engine.
+
+Published figures (vendor datasheets, dense = without structured sparsity):
+* H20: 148 TFLOP/s BF16, 4.0 TB/s HBM3, 96 GB, NVLink 900 GB/s;
+* H100 SXM: 989 TFLOP/s BF16, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s;
+* H200 SXM: 989 TFLOP/s BF16, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s;
+* B200 (HGX): 2,250 TFLOP/s BF16, 8 TB/s HBM3e, 180 GB, NVLink 1,800 GB/s.
+Efficiencies (MFU 0.6, MBU 0.7, 2.5 ms per step, 40 us per all-reduce) are typical of
+vLLM on Hopper with CUDA graphs; `relaykv sim calibrate` replaces all of them with fitted
+values for a measured machine (docs/simulator.md "Cost model" and "Calibration").
+
+Links (`--link`): `rdma` a Mooncake-class RDMA path (one 400 Gb/s NIC per engine, ~85 % of
+line rate, 1 ms per transfer for its handshake and completion), `tcp-25g` / `tcp-100g`
+(kernel TCP at ~80 % of line rate, 2 ms per transfer), `shm` (same host, a memcpy at
+~10 GB/s, 0.1 ms); or a number, the link's Gb/s with the tcp latency.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """One device of an engine (an engine with TP t uses t of them).
+
+    `combine`: `max` (roofline: a step takes the longer of its compute and memory time,
+    the GPU presets) or `sum` (compute + memory time, what a CPU fit measures).
+    """
+
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    memory_bytes: float
+    interconnect_bandwidth: float = 450 * GB
+    mfu: float = 0.6
+    mbu: float = 0.7
+    step_overhead_s: float = 2.5e-3
+    per_sequence_overhead_s: float = 0.0
+    allreduce_latency_s: float = 40e-6
+    draft_pass_overhead_s: float = 0.3e-3
+    combine: str = "max"
+    # Engine defaults on this hardware: KV pool bytes per engine (0: memory * TP * 0.9 minus
+    # the weights) and the scheduler's token budget per step.
+    kv_cache_memory: float = 0.0
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "hbm_bandwidth", "memory_bytes", "mfu", "mbu"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"hardware {self.name}: {f} must be > 0")
+        if self.combine not in ("max", "sum"):
+            raise ValueError(f"hardware {self.name}: combine must be max or sum")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+HARDWARE: dict[str, HardwareSpec] = {
+    "h20": HardwareSpec("h20", 148e12, 4.0e12, 96 * GB, 450 * GB),
+    "h100": HardwareSpec("h100", 989e12, 3.35e12, 80 * GB, 450 * GB),
+    "h200": HardwareSpec("h200", 989e12, 4.8e12, 141 * GB, 450 * GB),
+    "b200": HardwareSpec("b200", 2250e12, 8.0e12, 180 * GB, 900 * GB),
+}
+
+
+def hardware_spec(name: str) -> HardwareSpec:
+    """A preset name or a calibration file written by `relaykv sim calibrate`."""
+    if name in HARDWARE:
+        return HARDWARE[name]
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(
+            f"unknown hardware {name!r}: a preset ({', '.join(HARDWARE)}) or a calibration file"
+        )
+    raw = json.loads(path.read_text())
+    known = {f.name for f in fields(HardwareSpec)}
+    return HardwareSpec(**{k: v for k, v in raw.items() if k in known})
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A P->D path: bytes per second per engine NIC and fixed seconds per transfer."""
+
+    name: str
+    bandwidth: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0 or self.latency_s < 0:
+            raise ValueError(f"link {self.name}: bandwidth must be > 0 and latency >= 0")
+
+
+LINKS: dict[str, LinkSpec] = {
+    "rdma": LinkSpec("rdma", 400e9 / 8 * 0.85, 1e-3),
+    "tcp-25g": LinkSpec("tcp-25g", 25e9 / 8 * 0.8, 2e-3),
+    "tcp-100g": LinkSpec("tcp-100g", 100e9 / 8 * 0.8, 2e-3),
+    "shm": LinkSpec("shm", 10 * GB, 0.1e-3),
+}
+
+
+def link_spec(name: str) -> LinkSpec:
+    """A preset name or a bandwidth in Gb/s (`--link 200`)."""
+    if name in LINKS:
+        return LINKS[name]
+    try:
+        gbps = float(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown link {name!r}: a preset ({', '.join(LINKS)}) or a bandwidth in Gb/s"
+        ) from None
+    if not gbps > 0:
+        raise ValueError(f"link bandwidth must be > 0 Gb/s, got {name}")
+    return LinkSpec(f"{gbps:g}gbps", gbps * 1e9 / 8 * 0.8, 2e-3)

@@ -1,0 +1,114 @@
+"""The router's index agrees with the engine it mirrors (docs/routing.md).
+
+The index is fed the engine's own events on the wire format; its usable hit must equal what
+the engine's cache manager would reuse for the same prompt (the engine is the oracle).
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from relaykv.kvcache import CacheRole, KVCacheManager, KVEvent
+from relaykv.router.index import EngineIndex, geometry_from_json
+from relaykv.serve.kv_cache_info import geometry_json
+from relaykv.serve.kv_events import KVEventBatch, wire_event
+from tests.kvcache.conftest import Driver, geometry, tokens
+
+ENCODER = msgspec.msgpack.Encoder()
+
+
+def _payload(events: list[KVEvent], geo) -> bytes:  # type: ignore[no-untyped-def]
+    return ENCODER.encode(
+        KVEventBatch(ts=0.0, events=[wire_event(e, geo) for e in events], data_parallel_rank=0)
+    )
+
+
+def _mirror(manager: KVCacheManager, role: str = "colocated", policy: str = "per-group"):  # type: ignore[no-untyped-def]
+    index = EngineIndex(geometry_from_json(geometry_json(manager.geometry)), role, policy)
+    seq = iter(range(1 << 30))
+
+    def sink(event: KVEvent) -> None:
+        assert index.accept(next(seq), _payload([event], manager.geometry))
+
+    manager.set_event_sink(sink)
+    return index
+
+
+@pytest.mark.parametrize(
+    "groups,draft",
+    [
+        (("full:16", "sliding:16:64"), 0),
+        (("full:16", "sliding:16:32"), 1),
+        (("full:32", "sliding:16:48"), None),
+    ],
+)
+def test_usable_hit_equals_the_engines_own_lookup(
+    groups: tuple[str, ...], draft: int | None
+) -> None:
+    geo = geometry(*groups, draft=draft)
+    engine = KVCacheManager(geo, 80)
+    index = _mirror(engine)
+    d = Driver(engine)
+    rng = random.Random(1)
+    systems = [tokens(rng.randrange(40, 200), seed=s) for s in range(5)]
+    for i in range(40):
+        prompt = systems[rng.randrange(5)] + tokens(rng.randrange(1, 60), seed=1000 + i)
+        probe = engine.add_request(f"probe{i}", prompt)
+        expected = engine.lookup(probe).tokens
+        engine.free(probe)
+        assert index.usable_hit(index.request(prompt)) == expected
+        req, hit = d.prefill(prompt, chunk=48)
+        assert hit == expected
+        d.decode(req, rng.randrange(1, 10))
+        d.finish(req)
+        assert [set(m) for m in index.maps] == [set(m) for m in engine.pool.maps]
+
+
+def test_prefill_role_applies_the_prefill_cap() -> None:
+    geo = geometry("full:16", "sliding:16:32", draft=1)
+    engine = KVCacheManager(geo, 200, pd_policy="per-group", pd_role=True)
+    index = _mirror(engine, "prefill")
+    d = Driver(engine)
+    prompt = tokens(300)
+    req, _ = d.prefill(prompt, role=CacheRole.PREFILL)
+    engine.hold_for_transfer(req)
+    engine.free(req)
+    for extra in (0, 20, 100):
+        p = prompt + tokens(extra, seed=9)
+        probe = engine.add_request(f"p{extra}", p, role=CacheRole.PREFILL)
+        expected = engine.lookup(probe).tokens
+        engine.free(probe)
+        assert index.usable_hit(index.request(p)) == expected
+        assert expected > 0
+
+
+def test_sequence_gaps_duplicates_and_clear() -> None:
+    geo = geometry("full:16")
+    index = EngineIndex(geo)
+    a = _payload([KVEvent("stored", 0, (b"a" * 16,))], geo)
+    b = _payload([KVEvent("stored", 0, (b"b" * 16,))], geo)
+    assert index.accept(5, a) and index.expected == 6  # the first batch may start anywhere
+    assert index.accept(5, a)  # duplicate: ignored
+    assert not index.accept(7, b) and index.gaps == 1 and b"b" * 16 not in index.maps[0]
+    assert index.accept(6, b) and set(index.maps[0]) == {b"a" * 16, b"b" * 16}
+    assert index.accept(7, _payload([KVEvent("removed", 0, (b"a" * 16,))], geo))
+    assert set(index.maps[0]) == {b"b" * 16}
+    assert index.accept(8, _payload([KVEvent("cleared")], geo)) and index.num_blocks == 0
+    assert index.accept(9, b"\xc1garbage") and index.events_dropped == 1
+    bad_group = _payload([KVEvent("stored", 0, (b"c" * 16,))], geo).replace(
+        b"group_idx\x00", b"group_idx\x07"
+    )
+    index.accept(10, bad_group)
+    assert b"c" * 16 not in index.maps[0]
+    index.reset()
+    assert index.expected is None and index.resets == 1
+
+
+def test_geometry_round_trip_and_errors() -> None:
+    geo = geometry("full:16", "sliding:16:128", draft=1)
+    assert geometry_from_json(geometry_json(geo)) == geo
+    with pytest.raises(ValueError, match="malformed"):
+        geometry_from_json({"groups": [{"kind": "full"}]})

@@ -1,0 +1,104 @@
+"""Following a real publisher: late join, gaps, lost batches, the engine going away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from relaykv.kvcache import KVEvent
+from relaykv.router.index import EngineIndex
+from relaykv.router.kv_subscriber import EventSubscriber
+from relaykv.serve.kv_events import ZmqEventPublisher
+from relaykv.serve.kv_events_config import KVEventsConfig
+from tests.kvcache.conftest import geometry
+
+GEO = geometry("full:16", "sliding:16:32")
+
+
+def _publisher(buffer_steps: int = 10_000) -> ZmqEventPublisher:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*",
+        buffer_steps=buffer_steps,
+    )
+    return ZmqEventPublisher(config, GEO)
+
+
+def _store(pub: ZmqEventPublisher, n: int, group: int = 0, tag: bytes = b"k") -> list[bytes]:
+    """Publish n batches of one stored key each (waiting so each is its own batch)."""
+    keys = []
+    for i in range(n):
+        key = tag + i.to_bytes(15, "big")
+        before = pub.published
+        pub.sink(KVEvent("stored", group, (key,)))
+        deadline = time.monotonic() + 2
+        while pub.published == before and time.monotonic() < deadline:
+            time.sleep(0.002)
+        keys.append(key)
+    return keys
+
+
+async def _until(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_late_subscriber_replays_then_follows_live() -> None:
+    pub = _publisher()
+    index = EngineIndex(GEO)
+    early = _store(pub, 5)
+    sub = EventSubscriber(index, pub.endpoint, pub.replay_endpoint)
+    sub.start()
+    try:
+        await _until(lambda: index.expected == 5)  # replayed on connect, with the engine idle
+        late = await asyncio.to_thread(_store, pub, 3, 1, b"s")
+        await _until(lambda: index.expected == 8)
+        assert set(index.maps[0]) == set(early) and set(index.maps[1]) == set(late)
+        assert index.gaps == 0
+    finally:
+        await sub.stop()
+        pub.shutdown()
+
+
+async def test_gap_is_filled_by_replay_or_the_index_resets() -> None:
+    pub = _publisher(buffer_steps=3)
+    index = EngineIndex(GEO)
+    sub = EventSubscriber(index, pub.endpoint, pub.replay_endpoint)
+    keys = _store(pub, 6)  # batches 0..5; the publisher keeps only 3..5
+    # A subscriber that saw batch 0 and then missed some: the lost ones cannot be replayed.
+    index.expected = 1
+    index.maps[0][keys[0]] = 1
+    seq, payload = pub._buffer[-1]
+    await sub._on_batch(seq, payload)
+    assert index.resets == 1 and set(index.maps[0]) == {keys[5]} and index.expected == 6
+    # A gap the buffer still covers is filled in order.
+    index.reset()
+    index.expected = 3
+    await sub._on_batch(seq, payload)
+    assert set(index.maps[0]) == set(keys[3:]) and index.expected == 6
+    assert sub.replays == 2
+    await sub.stop()
+    pub.shutdown()
+
+
+async def test_engine_going_away_drops_the_index_and_reports_down() -> None:
+    pub = _publisher()
+    index = EngineIndex(GEO)
+    downs: list[str] = []
+    sub = EventSubscriber(index, pub.endpoint, pub.replay_endpoint, on_down=downs.append)
+    sub.start()
+    try:
+        await _until(lambda: sub.connected)
+        await asyncio.to_thread(_store, pub, 2)
+        await _until(lambda: index.num_blocks == 2)
+        t0 = time.monotonic()
+        pub.shutdown()  # the sockets close, as when the process dies
+        await _until(lambda: bool(downs), timeout=2.0)
+        assert time.monotonic() - t0 < 2.0
+        assert index.num_blocks == 0 and not sub.connected
+    finally:
+        await sub.stop()

@@ -1,0 +1,76 @@
+"""Routing policies: prefix affinity, load balance, the hot-prefix spread (docs/routing.md)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from relaykv.router.policy import (
+    CacheAwarePolicy,
+    CacheAwareWeights,
+    Candidate,
+    LeastLoadedPolicy,
+    RoundRobinPolicy,
+    make_policy,
+)
+
+
+def test_cache_aware_follows_the_usable_hit() -> None:
+    policy = CacheAwarePolicy()
+    c = [Candidate(0, 2000, in_flight=0), Candidate(1900, 2000, in_flight=1), Candidate(0, 2000)]
+    assert policy.choose(c) == 1
+    # Without a hit anywhere it is least-loaded, then KV usage, then round robin.
+    assert policy.choose([Candidate(0, 10, 2), Candidate(0, 10, 1)]) == 1
+    assert policy.choose([Candidate(0, 10, kv_usage=0.9), Candidate(0, 10, kv_usage=0.1)]) == 1
+    picks = {policy.choose([Candidate(0, 10), Candidate(0, 10)]) for _ in range(4)}
+    assert picks == {0, 1}
+
+
+def test_a_hit_is_worth_a_bounded_amount_of_load() -> None:
+    policy = CacheAwarePolicy(CacheAwareWeights(load_weight=0.25, kv_weight=0.0))
+    # A full hit outweighs 3 extra requests in flight, not 5.
+    assert policy.choose([Candidate(1000, 1000, 3), Candidate(0, 1000, 0)]) == 0
+    assert policy.choose([Candidate(1000, 1000, 5), Candidate(0, 1000, 0)]) == 1
+
+
+@pytest.mark.parametrize("engines", [3, 4, 8])
+def test_hot_prefix_spreads_no_engine_above_twice_the_mean(engines: int) -> None:
+    """One hot prefix at high concurrency: requests arrive and finish at random; the engine
+    that holds the prefix attracts them, but never above 2x the mean load."""
+    rng = random.Random(engines)
+    policy = CacheAwarePolicy()
+    holds = [False] * engines
+    holds[0] = True
+    load = [0] * engines
+    worst = 0.0
+    for _ in range(2000):
+        if sum(load) >= 32 or (sum(load) and rng.random() < 0.4):
+            busy = [i for i in range(engines) if load[i]]
+            load[rng.choice(busy)] -= 1
+            continue
+        c = [Candidate(1900 if holds[i] else 0, 2048, in_flight=load[i]) for i in range(engines)]
+        i = policy.choose(c)
+        load[i] += 1
+        holds[i] = True  # the engine computed (or holds) the prefix now
+        mean = sum(load) / engines
+        if sum(load) >= 2 * engines:
+            worst = max(worst, max(load) / mean)
+    assert worst <= 2.0
+
+
+def test_least_loaded_and_round_robin() -> None:
+    ll = LeastLoadedPolicy()
+    assert ll.choose([Candidate(5000, 5000, 2), Candidate(0, 5000, 1)]) == 1
+    rr = RoundRobinPolicy()
+    assert [rr.choose([Candidate()] * 3) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_weights_are_checked_and_modes_named() -> None:
+    with pytest.raises(ValueError, match="load_weight"):
+        CacheAwareWeights(load_weight=-1)
+    with pytest.raises(ValueError, match="max_load_ratio"):
+        CacheAwareWeights(max_load_ratio=0.5)
+    with pytest.raises(ValueError, match="unknown routing mode"):
+        make_policy("random")
+    assert make_policy("least-loaded").name == "least-loaded"
