@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="on SIGTERM, seconds in-flight requests may take to finish "
                         "(default 60)")
+    parser.add_argument("--prefill-timeout", type=float, default=120.0,
+                        help="the router's deadline for one prefill call before it tries "
+                        "another prefill engine (default 120)")
     parser.add_argument("--log-dir", default=None, help="member logs (default: a temp dir)")
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
     parser.add_argument("--json", action="store_true",
@@ -111,7 +114,8 @@ def _run_cluster(
               "--kv-transport", args.kv_transport, *engine_extra]
     cluster = Cluster(
         engine_args=common,
-        router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing],
+        router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing,
+                     "--prefill-timeout", str(args.prefill_timeout)],
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
         log_dir=Path(args.log_dir) if args.log_dir else None, env=env,

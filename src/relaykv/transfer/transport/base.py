@@ -60,6 +60,7 @@ class TransportOptions:
     port: int = 0
     timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
+    idle_timeout_s: float = 5.0  # a read hearing nothing from P this long fails (hung P)
     chunk_bytes: int = 4 << 20
     window: int = 4
     staging_bytes: int = 64 << 20
@@ -69,7 +70,7 @@ class TransportOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.idle_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
         if self.chunk_bytes < 1 or self.window < 1 or self.staging_bytes < 1:
             raise ValueError("chunk_bytes, window and staging_bytes must be >= 1")
@@ -151,6 +152,7 @@ class KVTransport(ABC):
             engine_id=engine_id,
             timeout_s=options.timeout_s,
             connect_timeout_s=options.connect_timeout_s,
+            idle_timeout_s=options.idle_timeout_s,
             window=options.window,
             context=context,
             secret=options.secret,

@@ -102,4 +102,5 @@ def options_from_args(args: argparse.Namespace) -> TransportOptions:
         port=args.kv_transfer_port,
         timeout_s=args.kv_transfer_timeout,
         connect_timeout_s=min(5.0, args.kv_transfer_timeout),
+        idle_timeout_s=min(5.0, args.kv_transfer_timeout),
     )

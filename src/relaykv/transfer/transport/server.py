@@ -126,10 +126,7 @@ class TransferServer:
 
     def events(self) -> list[ServeEvent]:
         """Drain what happened since the last call."""
-        out = []
-        while self._events:
-            out.append(self._events.popleft())
-        return out
+        return [self._events.popleft() for _ in range(len(self._events))]
 
     def stats(self) -> dict[str, int]:
         return dict(self._stats, transfers_in_flight=len(self._jobs), grants=len(self.grants))
@@ -197,17 +194,18 @@ class TransferServer:
     def _drain(self) -> None:
         while True:
             try:
-                identity, tag, payload = self._sock.recv_multipart(zmq.NOBLOCK)
+                parts = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:
-                self._stats["unauthenticated"] += 1
-                continue  # wrong frame count: not one of ours
             try:
+                if len(parts) != 3:
+                    raise wire.Unauthenticated("wrong frame count: not one of ours")
+                identity, tag, payload = parts
                 msg = self._codec.decode_to_server(tag, payload)
             except wire.Unauthenticated:
-                self._stats["unauthenticated"] += 1
-                log.warning("kv transfer server: message without a valid tag dropped")
+                count = self._stats["unauthenticated"] = self._stats["unauthenticated"] + 1
+                if count in (1, 10, 100) or not count % 10000:  # a flood must not flood the log
+                    log.warning("kv transfer server: %d unauthenticated messages dropped", count)
                 continue
             except Exception as exc:
                 log.warning("kv transfer server: undecodable message dropped (%s)", exc)

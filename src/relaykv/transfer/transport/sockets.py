@@ -24,3 +24,17 @@ def bind_router(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int
     else:
         port = sock.bind_to_random_port(f"tcp://{bind_host}")
     return sock, int(port)
+
+
+def connect_dealer(ctx: zmq.Context, endpoint: str, ipv6: bool) -> tuple[zmq.Socket, zmq.Socket]:
+    """D's DEALER to one serving endpoint, and its monitor (connect/disconnect events)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE + (256 << 20))  # tcp page frames
+    if ipv6:
+        sock.setsockopt(zmq.IPV6, 1)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    sock.connect(endpoint)
+    return sock, monitor
