@@ -136,7 +136,10 @@ class PDConnector:
         blocks = {g: [b for _, b in items] for g, items in enumerate(held) if items}
         destination = (request.kv_transfer_params or {}).get("destination_engine_id")
         deadline = time.monotonic() + self.lease_seconds
-        self.server.allow(request.request_id, blocks, deadline, destination)
+        if destination is None:  # bound to the first engine that reads it
+            self.server.allow(request.request_id, blocks, deadline)
+        else:
+            self.server.allow(request.request_id, blocks, deadline, reader=destination)
         self._held[request.request_id] = request.cache
         prompt = request.prompt_ids
         params = {
