@@ -122,6 +122,7 @@ def run(shape: str, mode: str, args: argparse.Namespace, work: Path) -> dict[str
             "total_tok_s": round(bench_result["total_token_throughput"], 1),
             "kv_mib_received": round(kv_bytes / 2**20, 1),
             "decode_decisions": decisions,
+            "peak_load_ratio": routing.get("peak_load_ratio", {}),
         }
     finally:
         os.killpg(proc.pid, signal.SIGINT)

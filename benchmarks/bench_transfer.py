@@ -43,14 +43,18 @@ PAGE_BYTES = 16 * 8 * 2 * 8 * 64 * 2  # tokens x layers x (K,V) x kv heads x hea
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--transports", default="shm,shm:direct,tcp,nixl,mooncake",
-                        help="comma-separated; shm:direct = shm with D's KV buffer in shared "
-                             "memory; unavailable ones are reported and skipped")
+    parser.add_argument(
+        "--transports",
+        default="shm,shm:direct,tcp,nixl,mooncake",
+        help="comma-separated; shm:direct = shm with D's KV buffer in shared "
+        "memory; unavailable ones are reported and skipped",
+    )
     parser.add_argument("--pages", default="4,16,64,256", help="transfer sizes in pages")
     parser.add_argument("--page-bytes", type=int, default=PAGE_BYTES)
     parser.add_argument("--repeats", type=int, default=7, help="timed reads per size (median)")
-    parser.add_argument("--inproc", action="store_true",
-                        help="serve from this process instead of a separate one")
+    parser.add_argument(
+        "--inproc", action="store_true", help="serve from this process instead of a separate one"
+    )
     parser.add_argument("--out", default="results", help="folder for the PNG and JSON")
     args = parser.parse_args(argv)
     try:
@@ -81,8 +85,9 @@ def plan(layout: PageLayout, count: int, shift: int) -> list[PageCopy]:
     return [PageCopy(0, int(s), int(d), size) for s, d in zip(src, dst, strict=True)]
 
 
-def bench_transport(name: str, layout: PageLayout, args: argparse.Namespace, src: np.ndarray,
-                    bar: tqdm) -> dict[int, tuple[float, float]]:
+def bench_transport(
+    name: str, layout: PageLayout, args: argparse.Namespace, src: np.ndarray, bar: tqdm
+) -> dict[int, tuple[float, float]]:
     """pages -> (median read seconds, median memcpy seconds of the same pages)."""
     base_name, _, variant = name.partition(":")
     transport = get_transport(base_name)
@@ -91,12 +96,16 @@ def bench_transport(name: str, layout: PageLayout, args: argparse.Namespace, src
     dst = shared.array if shared is not None else np.zeros_like(src)
     if args.inproc:
         server = transport.create_server(src, layout, engine_id="bench-P", options=options)
-        descriptor, allow = server.descriptor, (
-            lambda rid, blocks: server.allow(rid, blocks, time.monotonic() + 600))
+        descriptor, allow = (
+            server.descriptor,
+            (lambda rid, blocks: server.allow(rid, blocks, time.monotonic() + 600)),
+        )
     else:
         server = StandalonePeer(base_name, layout, seed=0)
-        descriptor, allow = server.descriptor, (
-            lambda rid, blocks: server.allow(rid, blocks, lease_s=600))
+        descriptor, allow = (
+            server.descriptor,
+            (lambda rid, blocks: server.allow(rid, blocks, lease_s=600)),
+        )
     client = transport.create_client(dst, layout, engine_id="bench-D", options=options)
     seconds: dict[int, tuple[float, float]] = {}
     base_dst = np.zeros_like(src)
@@ -135,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     usable = availability()
     for name in names:
         if name.partition(":")[0] not in usable or name.partition(":")[2] not in ("", "direct"):
-            print(f"bench_transfer: error: --transports: unknown transport {name!r}",
-                  file=sys.stderr)
+            print(
+                f"bench_transfer: error: --transports: unknown transport {name!r}", file=sys.stderr
+            )
             return 2
-    skipped = {n: usable[n.partition(":")[0]] for n in names
-               if usable[n.partition(":")[0]] is not None}
+    skipped = {
+        n: usable[n.partition(":")[0]] for n in names if usable[n.partition(":")[0]] is not None
+    }
     names = [n for n in names if n not in skipped]
 
     results: dict[str, dict[int, tuple[float, float]]] = {}
@@ -150,11 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = bench_transport(name, layout, args, src, bar)
 
     mode = "in-process" if args.inproc else "P in a separate process"
-    print(f"\nKV transfer throughput ({mode}; page {args.page_bytes} B; median of "
-          f"{args.repeats}; ratio = transport / memcpy of the same bytes)")
+    print(
+        f"\nKV transfer throughput ({mode}; page {args.page_bytes} B; median of "
+        f"{args.repeats}; ratio = transport / memcpy of the same bytes)"
+    )
     print("(each transport's memcpy baseline is timed interleaved with its own reads)")
     header = f"{'pages':>6} {'MiB':>7}" + "".join(
-        f" {n + ' GB/s':>15} {'memcpy':>7} {'ratio':>6}" for n in names)
+        f" {n + ' GB/s':>15} {'memcpy':>7} {'ratio':>6}" for n in names
+    )
     print(header)
     rows = []
     for count in args.sizes:
@@ -187,9 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "bench_transfer.png", dpi=120)
-    (out / "bench_transfer.json").write_text(json.dumps(
-        {"mode": mode, "page_bytes": args.page_bytes, "repeats": args.repeats, "rows": rows,
-         "skipped": skipped}, indent=2))
+    (out / "bench_transfer.json").write_text(
+        json.dumps(
+            {
+                "mode": mode,
+                "page_bytes": args.page_bytes,
+                "repeats": args.repeats,
+                "rows": rows,
+                "skipped": skipped,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out / 'bench_transfer.png'} and {out / 'bench_transfer.json'}")
     return 0
 

@@ -31,33 +31,102 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# vLLM's _SAMPLING_EPS: a temperature below it samples greedily (dividing logits by 1e-300
+# would overflow them to inf and the distribution to NaN).
+GREEDY_BELOW = 1e-5
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # a seed fits in 64 bits, signed or unsigned
+MAX_LOGPROBS = 20
 
-@dataclass(frozen=True, slots=True)
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; `field` names the offending parameter (HTTP 400)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _finite(value: float) -> bool:
+    return value == value and value not in (float("inf"), float("-inf"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    """How to pick tokens: temperature 0 is greedy (top_p / top_k are then ignored)."""
+    """A request's sampling parameters: the one record from the API to the sampler.
 
-    temperature: float = 0.0
+    vLLM's semantics and defaults: `temperature` 1.0 (0, or anything below `GREEDY_BELOW`,
+    is greedy, which ignores top_p / top_k), `top_k` 0 or -1 disables top-k, `seed` None
+    uses the runner's own generator;
+    `stop` strings end the output (excluded from the text), `stop_token_ids` and EOS end it
+    too (unless `ignore_eos`), but never before `min_tokens`; `logprobs` top-K per token.
+
+    Construction checks everything that does not need the model (`InvalidRequest` naming the
+    field: finite numbers, ranges, 64-bit seeds); `validate(vocab_size)` adds what does
+    (top_k and stop token ids against the vocabulary).
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k
-    seed: int | None = None  # None: the runner's own generator (not reproducible)
-    logprobs: int = 0  # top-K log-probabilities to return per sampled token (0 = none)
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.max_tokens < 1:
+            raise InvalidRequest(
+                "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"
+            )
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequest(
+                "min_tokens", f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"
+            )
+        if not (_finite(self.temperature) and self.temperature >= 0):
+            raise InvalidRequest(
+                "temperature", f"temperature must be a finite number >= 0, got {self.temperature}"
+            )
+        if not (_finite(self.top_p) and 0 < self.top_p <= 1):
+            raise InvalidRequest("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise InvalidRequest("top_k", f"top_k must be -1, 0 or positive, got {self.top_k}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise InvalidRequest(
+                "seed", f"seed must fit in 64 bits ([-2^63, 2^64 - 1]), got {self.seed}"
+            )
+        if not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequest(
+                "logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("stop", "stop strings must be non-empty strings")
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """The checks that need the model's vocabulary (construction did the rest)."""
+        if vocab_size and self.top_k > vocab_size:
+            raise InvalidRequest(
+                "top_k",
+                f"top_k must be -1, 0 (off) or at most the vocabulary size {vocab_size}, "
+                f"got {self.top_k}",
+            )
+        for token in self.stop_token_ids:
+            if (
+                not isinstance(token, int)
+                or isinstance(token, bool)
+                or token < 0
+                or (vocab_size and token >= vocab_size)
+            ):
+                raise InvalidRequest("stop_token_ids", f"invalid stop token id {token!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
-GREEDY = SamplingParams()
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @dataclass(slots=True)

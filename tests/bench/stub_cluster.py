@@ -132,6 +132,9 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await asyncio.sleep(state.ttft_per_external_token_s * external)
+        if chat:  # vLLM's opening chunk: role only, no token
+            opening = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+            await response.write(f"data: {json.dumps({'choices': [opening]})}\n\n".encode())
         for i in range(max_tokens):
             if mode == "stall" and i == 1:
                 await asyncio.sleep(30)

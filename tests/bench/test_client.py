@@ -60,6 +60,7 @@ async def test_payload_shape(server: ServerThread) -> None:
 async def test_chat_endpoint_sends_messages(server: ServerThread) -> None:
     out = await send(target(server, "/v1/chat/completions"), SampleRequest([1, 2], 3, "hi there"))
     assert out.success and out.output_tokens == 3 and out.generated_text == "t0 t1 t2 "
+    assert len(out.itl) == 2  # the opening role-only chunk is not a token
     body = server.state.received[-1]
     assert body["messages"] == [{"role": "user", "content": "hi there"}]
     assert body["max_completion_tokens"] == 3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relaykv.engine.params import InvalidRequest, SamplingParams
 from relaykv.kvcache import assert_consistent
+from relaykv.steps import InvalidRequest, SamplingParams
 
 from .conftest import HYBRID, HYBRID_DRAFT, drain, greedy, make_engine, prompt
 from .reference_executor import reference_generate
@@ -136,21 +136,27 @@ def test_stop_strings_cut_the_text() -> None:
 @pytest.mark.parametrize(
     ("prompt_ids", "params", "field"),
     [
-        ([], greedy(4), "prompt"),
-        ([1, 2, 500], greedy(4), "prompt"),
-        ([1, -2], greedy(4), "prompt"),
-        ([1] * 600, greedy(4), "prompt"),
-        ([1] * 500, greedy(40), "max_tokens"),
-        ([1], SamplingParams(max_tokens=0), "max_tokens"),
-        ([1], SamplingParams(top_p=0), "top_p"),
-        ([1], SamplingParams(temperature=-1), "temperature"),
-        ([1], SamplingParams(stop=("x",)), "stop"),
+        ([], dict(max_tokens=4), "prompt"),
+        ([1, 2, 500], dict(max_tokens=4), "prompt"),
+        ([1, -2], dict(max_tokens=4), "prompt"),
+        ([1] * 600, dict(max_tokens=4), "prompt"),
+        ([1] * 500, dict(max_tokens=40), "max_tokens"),
+        ([1], dict(max_tokens=0), "max_tokens"),
+        ([1], dict(top_p=0), "top_p"),
+        ([1], dict(temperature=-1), "temperature"),
+        ([1], dict(temperature=float("inf")), "temperature"),
+        ([1], dict(top_p=float("nan")), "top_p"),
+        ([1], dict(top_k=10**9), "top_k"),
+        ([1], dict(seed=1 << 64), "seed"),
+        ([1], dict(seed=-(1 << 63) - 1), "seed"),
+        ([1], dict(stop=("x",)), "stop"),
     ],
 )
 def test_invalid_requests_change_nothing(prompt_ids, params, field) -> None:
+    """Refused at construction (no model needed) or by the engine, always naming the field."""
     engine = make_engine()
     with pytest.raises(InvalidRequest) as err:
-        engine.add_request("bad", prompt_ids, params)
+        engine.add_request("bad", prompt_ids, SamplingParams(**{"temperature": 0.0, **params}))
     assert err.value.field == field
     assert not engine.has_unfinished() and not engine.manager.requests
 

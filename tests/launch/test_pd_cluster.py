@@ -168,6 +168,7 @@ def test_soak_200_requests_at_concurrency_16() -> None:
         assert results == [body["max_tokens"] for body in jobs]
         assert _pools_empty(cluster)
         metrics = httpx.get(f"{cluster.router.url}/metrics").text
-        assert 'relaykv:router_responses_total{status="200"} 200' in metrics
+        counted = 'relaykv:router_responses_total{endpoint="/v1/completions",status="200"} 200.0'
+        assert counted in metrics
     finally:
         cluster.stop()

@@ -14,7 +14,7 @@ def test_stop_tokens_max_tokens_and_blocks_come_back(tiny, tiny_draft):
     stop = plain[1].output_ids[7]  # a token the second request emits at index 7
     runner = ModelRunner(tiny.model, num_blocks=200, draft=tiny_draft, num_speculative_tokens=4)
     gen = OfflineGenerator(runner, chunk_tokens=13, step_tokens=40)
-    params = SamplingParams(logprobs=2)
+    params = SamplingParams(temperature=0.0, logprobs=2)
     results = gen.generate(prompts, 30, params, stop_token_ids=[stop])
     for res, ref in zip(results, plain, strict=True):
         cut = ref.output_ids.index(stop) + 1 if stop in ref.output_ids else 30

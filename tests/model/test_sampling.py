@@ -38,7 +38,7 @@ def _reference(logits, temperature, top_k, top_p):
 )
 def test_probabilities_match_reference(temperature, top_k, top_p):
     logits = torch.randn(12, generator=torch.Generator().manual_seed(5)) * 2
-    got = probabilities(logits, SamplingParams(temperature, top_p, top_k))
+    got = probabilities(logits, SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
     torch.testing.assert_close(
         got, _reference(logits, temperature, top_k, top_p), atol=1e-6, rtol=1e-5
     )
@@ -47,7 +47,7 @@ def test_probabilities_match_reference(temperature, top_k, top_p):
 def test_seeded_generators_depend_only_on_seed_and_index():
     source = GeneratorSource()
     probs = torch.full((50,), 1 / 50)
-    params = SamplingParams(1.0, seed=3)
+    params = SamplingParams(temperature=1.0, seed=3)
     a = [sample_from(probs, source.for_token(params, i)) for i in range(20)]
     b = [sample_from(probs, GeneratorSource(seed=99).for_token(params, i)) for i in range(20)]
     assert a == b and len(set(a)) > 5
@@ -56,7 +56,15 @@ def test_seeded_generators_depend_only_on_seed_and_index():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1), dict(logprobs=-2)],
+    [
+        dict(temperature=-1),
+        dict(temperature=float("inf")),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(top_k=-2),
+        dict(logprobs=-2),
+        dict(seed=1 << 64),
+    ],
 )
 def test_bad_params(kwargs):
     with pytest.raises(ValueError):

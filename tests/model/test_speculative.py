@@ -152,7 +152,7 @@ def test_rejection_sampling_preserves_the_distribution(tiny):
                 0,
                 maker.fresh(len(prompt) + 2),
                 sample=True,
-                sampling=SamplingParams(1.0, top_k=4, seed=s),
+                sampling=SamplingParams(temperature=1.0, top_k=4, seed=s),
                 draft_token_ids=[d1, d2],
             )
             for s in range(base, base + 250)
@@ -185,7 +185,7 @@ def test_seeded_sampling_ignores_batch_composition(tiny):
         .output_ids
     )
     mixed = OfflineGenerator(ModelRunner(tiny.model, num_blocks=200)).generate(
-        PROMPTS, 16, [SamplingParams(0.7, seed=9), params, GREEDY, params]
+        PROMPTS, 16, [SamplingParams(temperature=0.7, seed=9), params, GREEDY, params]
     )
     assert mixed[1].output_ids == alone
     chunked = (

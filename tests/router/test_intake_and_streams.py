@@ -18,17 +18,16 @@ from .test_relay import BODY, D1, P1, Engines, _client
 @pytest.mark.parametrize(
     "raw, status, words",
     [
-        (b'{"prompt": "\\ud800", "max_tokens": 2}', 400, "surrogate"),
-        (b"[" * 100_000 + b"]" * 100_000, 400, "nested"),
-        (json.dumps({"prompt": [[[[[[[[1]]]]]]]]}).replace("1", "[" * 70 + "1" + "]" * 70)
-         .encode(), 400, "nested"),
-        (b'{"prompt": "x", ', 400, "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "malformed JSON"),
+        (b'{"prompt": "x", ', 400, "malformed JSON"),
         (b"[1, 2]", 400, "JSON object"),
         (b'{"prompt": "' + b"a" * (1 << 20) + b'"}', 413, "limit of 1048576 bytes"),
     ],
-    ids=["surrogate", "deep-array", "deep-prompt", "truncated", "not-object", "too-large"],
+    ids=["deep-array", "truncated", "not-object", "too-large"],
 )
 async def test_bad_bodies_get_4xx_and_reach_no_engine(raw: bytes, status: int, words: str) -> None:
+    """(A lone surrogate or `Infinity` is the engine's to refuse: the router forwards the
+    client's bytes, tests/router/test_body_and_metrics.py; the chaos suite sends one end to end.)"""
     engines = Engines()
     router = Router([P1], [D1], limits=IntakeLimits(max_body_bytes=1 << 20))
     async with _client(router, engines) as client:
@@ -143,4 +142,5 @@ async def test_client_disconnect_cancels_the_engine_call() -> None:
     }
     await asyncio.wait_for(app(scope, receive, send), 10)
     assert cancelled.is_set()
-    assert router.in_flight == 0 and router.stats.by_status == {499: 1}
+    assert router.in_flight == 0
+    assert [m["status"] for m in sent[1:] if m.get("type") == "http.response.start"] == [499]

@@ -69,7 +69,7 @@ async def test_two_hops_prefill_then_decode() -> None:
     (p_url, p_body), (d_url, d_body) = engines.calls
     assert (p_url, d_url) == (P1, D1)
     # P validates the client's max_tokens as D will (and generates one token anyway)
-    assert p_body["max_tokens"] == 5 and not p_body["stream"] and "stream_options" not in p_body
+    assert p_body["max_tokens"] == 5 and not p_body["stream"] and p_body["stream_options"] is None
     assert p_body["kv_transfer_params"] == {"do_remote_decode": True}
     assert d_body["kv_transfer_params"] == TRANSFER and d_body["max_tokens"] == 5
 

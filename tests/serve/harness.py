@@ -21,6 +21,7 @@ import uvicorn
 from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.serve import EngineOptions, ModelInfo, ServedEngine, assemble_engine
 from relaykv.serve.app import app_state, create_app
+from relaykv.serve.engine_factory import ConnectorFactory
 from relaykv.serve.server import DrainingServer
 from relaykv.steps import StepBatch, StepOutput, TokenLogprobs
 from tests.engine.reference_executor import VOCAB, ReferenceExecutor, with_slot_bytes
@@ -73,6 +74,7 @@ def reference_served(
     num_blocks: int = 400,
     max_model_len: int = 512,
     k: int = 0,
+    connector_factory: ConnectorFactory | None = None,
     **options: object,
 ) -> ServedEngine:
     geometry = with_slot_bytes(HYBRID)
@@ -90,7 +92,13 @@ def reference_served(
         max_num_seqs=16,
         **options,  # type: ignore[arg-type]
     )
-    return assemble_engine(opts, model, geometry, lambda n: PacedExecutor(geometry, n, k=k))
+    return assemble_engine(
+        opts,
+        model,
+        geometry,
+        lambda n: PacedExecutor(geometry, n, k=k),
+        connector_factory=connector_factory,
+    )
 
 
 def free_socket() -> socket.socket:

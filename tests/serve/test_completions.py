@@ -6,6 +6,7 @@ import random
 
 import httpx
 import openai
+import pytest
 
 from tests.engine.reference_executor import reference_generate
 
@@ -239,3 +240,13 @@ def test_models_and_health(http: httpx.Client) -> None:
     assert card["id"] == MODEL and card["owned_by"] == "relaykv"
     assert card["vocab_size"] == 101 and card["max_model_len"] == 512
     assert http.get("/health").status_code == 200
+
+
+def test_models_retrieve_by_id(client: openai.OpenAI) -> None:
+    """`client.models.retrieve(id)` (GET /v1/models/{id}): the card, or OpenAI's 404."""
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.owned_by == "relaykv"
+    assert card.model_extra["max_model_len"] == 512
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body["code"] == "model_not_found"

@@ -116,6 +116,40 @@ def test_malformed_json_and_non_objects(http: httpx.Client, path: str) -> None:
     check_error(http.post(path, content=b"\xff\xfe", headers=headers), 400)
 
 
+# Raw bodies (Python's json module accepts NaN/Infinity and parses 1e309 to inf; "\\ud800"
+# decodes to a lone surrogate): each is a 400 naming the field, never a 500.
+RAW_CASES = [
+    ("/v1/completions", b'{"prompt": [1, 2], "temperature": Infinity}', "temperature"),
+    ("/v1/completions", b'{"prompt": [1, 2], "temperature": NaN}', "temperature"),
+    ("/v1/completions", b'{"prompt": [1, 2], "top_p": 1e309}', "top_p"),
+    ("/v1/completions", b'{"prompt": [1, 2], "temperature": -Infinity}', "temperature"),
+    ("/v1/completions", b'{"prompt": [1, 2], "kv_transfer_params": {"x": NaN}}', None),
+    ("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt"),
+    ("/v1/completions", b'{"prompt": ["\\udfff"]}', "prompt"),
+    ("/v1/completions", b'{"prompt": [1], "stop": ["\\ud800"]}', "stop"),
+    ("/v1/completions", b'{"prompt": [1], "user": "\\ud800"}', "user"),
+    ("/v1/completions", b'{"prompt": [1], "\\ud800": 1}', None),
+    ("/v1/completions", b'{"prompt": [1], "seed": 18446744073709551616}', "seed"),
+    ("/v1/completions", b'{"prompt": [1], "top_k": 1000000000}', "top_k"),
+    ("/v1/completions", b'{"prompt": [1], "max_tokens": 1e400}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": [1], "max_tokens": 100000000000000000000000}', "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "\\udc00", "content": "x"}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+     b'"temperature": Infinity}', "temperature"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), RAW_CASES)
+def test_non_finite_numbers_and_invalid_strings(
+    http: httpx.Client, path: str, raw: bytes, param: str | None
+) -> None:
+    r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+    error = check_error(r, 400, param)
+    if param is not None:
+        assert param in error["message"] or param == "messages"
+
+
 def test_unknown_model_is_404(http: httpx.Client) -> None:
     err = check_error(http.post("/v1/completions", json={**GOOD, "model": "gpt-5"}), 404, "model")
     assert err["code"] == "model_not_found"

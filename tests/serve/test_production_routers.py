@@ -10,8 +10,12 @@ One tiny-hybrid P/D cluster (`relaykv up`'s members: prefill, decode, relaykv's 
 * vllm-router with `kv_aware`, fed by the prefill engine's KV events (`--pd-kv-events`,
   static, as its P/D mode requires): the same requests succeed, every poll answers 2xx, and
   D reuses the sibling's prefix (skipped where `relaykv serve --kv-events-config` is absent).
-* sglang-router and smg in P/D mode: every request is refused with a 400 naming SGLang's
-  bootstrap mode, and neither engine computes a single prompt token of it.
+* sglang-router and smg in P/D mode, engines started with `--sglang-bootstrap`: the room
+  handshake moves the KV (greedy tokens as through relaykv's router, D reuses a sibling's
+  prefix, every prefill produced exactly one token and D computed next to nothing of the
+  prompts), and a decode engine asked to fetch from a prefill engine it was not told about
+  refuses. Engines without the flag refuse SGLang's requests with a 400 before computing
+  anything (two model-free reference servers behind each gateway).
 
 Each router is skipped, with its install command as the reason, when it is not installed.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -31,11 +36,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relaykv.bench.engine_counters import scrape_counters
+from relaykv.bench.prometheus import parse_samples
 from relaykv.cli import main
 from relaykv.launch.cluster import Cluster, free_port
 
+from .harness import ServerThread, reference_served
+
 pytestmark = pytest.mark.slow
+
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 ENGINE_ARGS = [
     "--model",
@@ -73,10 +82,15 @@ def _events_args(port: int) -> list[str]:
 def cluster() -> Iterator[Cluster]:
     event_ports = {"prefill": free_port(), "decode": free_port()}
     c = Cluster(
-        engine_args=ENGINE_ARGS,
+        engine_args=[*ENGINE_ARGS, "--sglang-bootstrap"],
         prefill_args=_events_args(event_ports["prefill"]),
         decode_args=_events_args(event_ports["decode"]),
     )
+    c.plan()
+    prefill = c.urls("prefill")[0].removeprefix("http://")
+    for member in c.members:
+        if member.name.startswith("decode"):
+            member.argv += ["--sglang-bootstrap-peers", prefill]
     c.start(timeout=300)
     c.event_ports = event_ports  # type: ignore[attr-defined]
     yield c
@@ -314,41 +328,89 @@ def test_behind_vllm_router_kv_aware_fed_by_relaykv_events(
     _polls_all_answered(logs, marks, [{"/v1/chat/completions/render"}, set()])
 
 
+def _sglang(name: str, prefill: str, bootstrap_port: int, decode: str, log: Path) -> Front:
+    argv = [_binary(name), "launch", "--pd-disaggregation", "--prefill", prefill]
+    argv += [str(bootstrap_port), "--decode", decode, "--prometheus-port", str(free_port())]
+    return Front(argv, log)
+
+
+def _counter(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for sample in parse_samples(text)
+        if sample.name == f"{name}_total" and set(labels.items()) <= set(sample.labels)
+    )
+
+
 @pytest.mark.parametrize("name", ["sglang-router", "smg"])
-def test_sglang_gateways_are_refused_and_nothing_is_computed(
+def test_sglang_gateways_shake_hands_and_the_kv_moves(
     cluster: Cluster, tmp_path: Path, name: str
 ) -> None:
-    binary = _binary(name)
-    engines = [*cluster.urls("prefill"), *cluster.urls("decode")]
-    front = Front(
-        [
-            binary,
-            "launch",
-            "--pd-disaggregation",
-            "--prefill",
-            cluster.urls("prefill")[0],
-            str(free_port()),
-            "--decode",
-            cluster.urls("decode")[0],
-            "--prometheus-port",
-            str(free_port()),
-        ],
-        tmp_path / f"{name}.log",
-    )
+    prefill, decode = cluster.urls("prefill")[0], cluster.urls("decode")[0]
+    front = _sglang(name, prefill, int(prefill.rsplit(":", 1)[1]), decode, tmp_path / "gw.log")
+    p_tokens = _counter(prefill, "vllm:generation_tokens")
+    d_sources = {s: _counter(decode, "vllm:prompt_tokens_by_source", source=s) for s in SOURCES}
     try:
-        import asyncio
-
-        before = asyncio.run(scrape_counters(engines))
-        for path, body in (
-            ("/v1/completions", {"prompt": "x" * 300, "max_tokens": 4}),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-        ):
-            resp = _complete(front.url, path, body)
-            assert resp.status_code == 400, resp.text
-            assert "SGLang's bootstrap P/D mode" in resp.text
-        after = asyncio.run(scrape_counters(engines))
+        _requests_match_relaykv_router(cluster, front)  # 2 through ours, 4 through the gateway
+        rng = random.Random(name)
+        x = "".join(rng.choice("abcdefgh ") for _ in range(300))
+        hits = _counter(decode, "vllm:prefix_cache_hits")
+        for suffix in (" first sibling", " second sibling"):
+            body = {"prompt": x + suffix, "max_tokens": 2, "temperature": 0}
+            assert _complete(front.url, "/v1/completions", body).status_code == 200
+        assert _counter(decode, "vllm:prefix_cache_hits") - hits >= 256  # the sibling's x
     finally:
         front.stop()
-    # no prompt token was looked up, let alone computed, on either engine
-    assert after["local_query_tokens"] == before["local_query_tokens"]
-    assert after["external_query_tokens"] == before["external_query_tokens"]
+    # every prefill (8 requests: 2 through relaykv's router, 6 through the gateway) made
+    # exactly one token; D received the prompts and computed next to nothing of them
+    assert _counter(prefill, "vllm:generation_tokens") - p_tokens == 8
+    got = {
+        s: _counter(decode, "vllm:prompt_tokens_by_source", source=s) - d_sources[s]
+        for s in SOURCES
+    }
+    assert got["external_kv_transfer"] > 300, got  # x came from P once, then D reused it
+    assert got["local_compute"] <= 0.1 * sum(got.values())
+
+
+def test_a_decode_engine_fetches_only_from_its_peers(cluster: Cluster) -> None:
+    decode = cluster.urls("decode")[0]
+    queries = _counter(decode, "vllm:prefix_cache_queries")
+    body = {
+        "prompt": "hello",
+        "bootstrap_host": "10.9.9.9",
+        "bootstrap_port": 80,
+        "bootstrap_room": 5,
+    }
+    resp = _complete(decode, "/v1/completions", body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "bootstrap_host"
+    assert "--sglang-bootstrap-peers" in resp.text
+    assert _counter(decode, "vllm:prefix_cache_queries") == queries
+
+
+@pytest.mark.parametrize("name", ["sglang-router", "smg"])
+def test_sglang_gateways_are_refused_where_not_enabled(tmp_path: Path, name: str) -> None:
+    """Engines without --sglang-bootstrap (model-free reference servers): a 400, no work."""
+    _binary(name)
+    servers = [ServerThread(reference_served(), api_key=None) for _ in range(2)]
+    try:
+        front = _sglang(name, servers[0].url, free_port(), servers[1].url, tmp_path / "gw.log")
+        try:
+            for path, body in (
+                ("/v1/completions", {"prompt": "x" * 300, "max_tokens": 4}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ):
+                resp = httpx.post(
+                    f"{front.url}{path}", json={"model": "reference", **body}, timeout=60
+                )
+                assert resp.status_code == 400, resp.text
+                assert "SGLang's bootstrap P/D mode" in resp.text
+                assert "--sglang-bootstrap" in resp.text
+        finally:
+            front.stop()
+        for server in servers:  # no prompt token was even looked up, on either engine
+            metrics = server.served.engine.metrics
+            assert (metrics.prompt_tokens, metrics.num_steps) == (0, 0)
+    finally:
+        for server in servers:
+            server.stop()

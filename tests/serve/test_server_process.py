@@ -142,9 +142,10 @@ def test_extreme_but_valid_sampling_values_do_not_hurt_the_engine(tiny: ServePro
     """Values the API accepts reach the real runner; none may take the engine thread down."""
     client = tiny.client()
     extremes = [
-        {"top_k": 10**9, "temperature": 1e6},
+        {"top_k": 259, "temperature": 1e6},  # top_k = the vocabulary: the largest accepted
         {"seed": -5, "temperature": 0.5},
-        {"seed": 2**70, "temperature": 0.5, "top_p": 1e-9},
+        {"seed": 2**64 - 1, "temperature": 0.5, "top_p": 1e-9},
+        {"seed": -(2**63), "temperature": 1e-300},  # below 1e-5: greedy, as vLLM
         {"temperature": 0, "logprobs": 20},
         {"temperature": 2.0, "top_k": 1, "min_tokens": 3},
     ]
@@ -156,6 +157,11 @@ def test_extreme_but_valid_sampling_values_do_not_hurt_the_engine(tiny: ServePro
             extra_body={"ignore_eos": True, **extra},
         )
         assert resp.usage.completion_tokens == 3, extra
+    refused = [({"top_k": 10**9}, "top_k"), ({"seed": 2**64}, "seed"), ({"seed": 2**70}, "seed")]
+    for extra, field in refused:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="tiny-hybrid", prompt=[1, 5], extra_body=extra)
+        assert err.value.body["param"] == field
     same = [
         client.completions.create(
             model="tiny-hybrid",

@@ -59,3 +59,29 @@ def test_policies_on_prefix_repetition() -> None:
 def test_runs_are_deterministic() -> None:
     a, b = _run("exact", n=8, num_decode=2), _run("exact", n=8, num_decode=2)
     assert a["ttfts_ms"] == b["ttfts_ms"] and a["d_kv_bytes_received"] == b["d_kv_bytes_received"]
+
+
+def test_cache_aware_routing_keeps_siblings_together() -> None:
+    from relaykv.sim.workload import shared_prefix_dataset
+
+    reqs = shared_prefix_dataset(MODEL.vocab_size, 4, 6, 3000, 32, 8, 1.0, 42, True)
+    shares = {}
+    for mode in ("cache-aware", "round-robin"):
+        spec = ClusterSpec(
+            MODEL,
+            HARDWARE["h20"],
+            LINKS["rdma"],
+            pd_policy="per-group",
+            num_decode=2,
+            num_speculative_tokens=3,
+            num_blocks=8000,
+            routing=mode,
+            scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_model_len=4096),
+        )
+        cluster = SimCluster(spec)
+        cluster.run(reqs, [0.0] * len(reqs), max_concurrency=2, num_warmups=0)
+        assert cluster.check() == []
+        decode = cluster.counters()["decode"]
+        shares[mode] = decode["prefix_cache_hits"] / decode["prefix_cache_queries"]
+    # The router's index sees D's received prefixes: siblings follow them.
+    assert shares["cache-aware"] > shares["round-robin"] + 0.1, shares

@@ -2,8 +2,9 @@
 
 Timing (COMPAT.md, as vLLM measures it): the clock starts just before the POST; a *token
 chunk* is a streamed event carrying at least one choice (the trailing usage-only chunk,
-`choices: []`, and SSE comments are not); TTFT = first token chunk, ITL = gaps between
-token chunks, E2EL = last token chunk. Usage may arrive in any chunk; the last one wins.
+`choices: []`, SSE comments and a chat stream's opening role-only chunk, whose delta has a
+`role` and no text, are not); TTFT = first token chunk, ITL = gaps between token chunks,
+E2EL = last token chunk. Usage may arrive in any chunk; the last one wins.
 
 Success requires HTTP 200, at least one token chunk and the closing `data: [DONE]`; a
 stream that ends without it was cut (a dropped connection), so it counts as failed. Any
@@ -88,7 +89,7 @@ class _StreamState:
             err = event.get("error", event)
             message = err.get("message", err) if isinstance(err, dict) else err
             raise _StreamError(f"server error in stream: {message}")
-        if event.get("choices"):
+        if event.get("choices") and not self._opening(event):
             if self.last_token_at is None:
                 self.out.ttft = now - self.out.start_time
             else:
@@ -101,6 +102,14 @@ class _StreamState:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage)
+
+    def _opening(self, event: dict[str, Any]) -> bool:
+        """A chat stream's opening chunk (vLLM's role-only delta before the first token)."""
+        if not self.chat or self.last_token_at is not None:
+            return False
+        choice = event["choices"][0] or {}
+        delta = choice.get("delta") or {}
+        return "role" in delta and not delta.get("content") and not choice.get("token_ids")
 
     def _take_usage(self, usage: dict[str, Any]) -> None:
         if isinstance(usage.get("completion_tokens"), int):

@@ -7,9 +7,9 @@ from relaykv.engine.connector import KVConnector
 from relaykv.engine.engine import ROLES, EngineConfig, LLMEngine
 from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics, Histogram
-from relaykv.engine.params import InvalidRequest, SamplingParams
 from relaykv.engine.request import FinishReason, Request, RequestOutput, RequestState
 from relaykv.engine.scheduler import KV_LOAD_FAILURE_POLICIES, Scheduler, SchedulerConfig
+from relaykv.steps import InvalidRequest, SamplingParams
 
 __all__ = [
     "KV_LOAD_FAILURE_POLICIES",

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from relaykv.engine.engine import LLMEngine
-from relaykv.engine.params import InvalidRequest, SamplingParams
 from relaykv.engine.request import RequestOutput
+from relaykv.steps import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
 
-from relaykv.engine.params import SamplingParams
 from relaykv.kvcache import CacheRequest
-from relaykv.steps import TokenLogprobs
+from relaykv.steps import SamplingParams, TokenLogprobs
 
 
 class RequestState(Enum):

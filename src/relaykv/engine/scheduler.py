@@ -164,7 +164,7 @@ class Scheduler:
             start_position=start,
             block_tables=[list(t) for t in req.cache.tables],
             sample=sample,
-            sampling=req.params.for_step(),
+            sampling=req.params,
             draft_token_ids=list(drafts),
             next_token_id=next_token,
             # A prefill engine hands the request over after one token: no proposals.

@@ -288,17 +288,17 @@ def reusable_blocks(
     it, so it is reused only when the next block is held too (the peek, per block).
     """
     keys = req.keys(rule.index)
-    out: dict[int, int] = {}
-    for k in held:
-        if k >= len(keys):
-            break
-        block = gmap.get(keys[k])
-        if block is None:
-            continue
-        if rule.peek and (k + 1 >= len(keys) or keys[k + 1] not in gmap):
-            continue
-        out[k] = block
-    return out
+    start, stop = held.start, min(held.stop, len(keys))
+    if start >= stop:
+        return {}
+    # map() runs the probes in C (a router scores every decode engine with this).
+    found = map(gmap.get, keys[start:stop])
+    if rule.peek:
+        proven = map(gmap.__contains__, keys[start + 1 : stop + 1])  # one short at the end
+        return {
+            k: b for k, b, ok in zip(range(start, stop), found, proven, strict=False) if ok and b
+        }
+    return {k: b for k, b in zip(range(start, stop), found, strict=True) if b is not None}
 
 
 def tokens_local_everywhere(
@@ -306,8 +306,19 @@ def tokens_local_everywhere(
 ) -> int:
     """Prompt tokens whose KV is reused locally in every full group (all groups if none)."""
     full = [r for r in rules if isinstance(r, FullAttentionGroup)] or list(rules)
+    units = n // unit
+    if len(full) == 1:
+        # One group: block k covers units [k*ratio, (k+1)*ratio); count those below `units`.
+        ratio = full[0].block_size // unit
+        local_k = local[full[0].index]
+        if not local_k:
+            return 0
+        if (max(local_k) + 1) * ratio <= units:
+            return min(len(local_k) * ratio * unit, n - 1)
+        count = sum(min(ratio, units - k * ratio) for k in local_k if k * ratio < units)
+        return min(count * unit, n - 1)
     count = 0
-    for j in range(n // unit):
+    for j in range(units):
         p = j * unit
         if all(p // r.block_size in local[r.index] for r in full):
             count += unit

@@ -83,7 +83,7 @@ def find_longest_hit(
         count = candidate // rule.block_size
         need = rule.needed(candidate)
         start = need.start if candidate > 0 else 0
-        table = [NULL_BLOCK] * start + [gmap[gkeys[i]] for i in range(start, count)]
+        table = [NULL_BLOCK] * start + list(map(gmap.__getitem__, gkeys[start:count]))
         blocks.append(table)
 
     junction = 0

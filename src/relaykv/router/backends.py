@@ -3,7 +3,9 @@
 Each engine is a `Backend` with a count of requests in flight through this router. `pick`
 returns the least-loaded healthy backend not yet tried for this request (ties go round robin,
 so equal engines share the load). A backend that fails a request or a health check leaves the
-rotation until a health check succeeds again.
+rotation until a health check succeeds again. `describe()` is the current state: `last_error`
+is the reason an engine is out of rotation and is cleared when it comes back (the history
+stays in `failures` and `last_failure`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ class Backend:
     healthy: bool = True
     requests: int = 0
     failures: int = 0
-    last_error: str = ""
+    last_error: str = ""  # why it is out of rotation now ("" while healthy)
+    last_failure: str = ""  # the most recent failure, kept after recovery
     last_check: float = 0.0
 
     def describe(self) -> dict[str, object]:
+        age = round(time.monotonic() - self.last_check, 3) if self.last_check else None
         return {
-            "url": self.url, "role": self.role, "healthy": self.healthy,
-            "in_flight": self.in_flight, "requests": self.requests, "failures": self.failures,
-            "last_error": self.last_error,
+            "url": self.url,
+            "role": self.role,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "failures": self.failures,
+            "last_error": self.last_error if not self.healthy else "",
+            "last_failure": self.last_failure,
+            "seconds_since_check": age,
         }
 
 
@@ -58,7 +68,7 @@ class BackendPool:
     def failed(self, backend: Backend, error: str) -> None:
         backend.healthy = False
         backend.failures += 1
-        backend.last_error = error
+        backend.last_error = backend.last_failure = error
         log.warning("%s engine %s taken out of rotation: %s", self.role, backend.url, error)
 
     @property
@@ -71,6 +81,7 @@ class BackendPool:
 
     async def check(self, client: httpx.AsyncClient, timeout: float = 2.0) -> None:
         """Probe every backend's /health; a recovered one rejoins the rotation."""
+
         async def one(backend: Backend) -> None:
             try:
                 resp = await client.get(f"{backend.url}/health", timeout=timeout)
@@ -82,7 +93,8 @@ class BackendPool:
             if ok and not backend.healthy:
                 log.info("%s engine %s back in rotation", self.role, backend.url)
             backend.healthy = ok
+            backend.last_error = error
             if not ok:
-                backend.last_error = error
+                backend.last_failure = error
 
         await asyncio.gather(*(one(b) for b in self.backends))

@@ -37,9 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM, seconds in-flight requests may take to finish")
     parser.add_argument("--log-level", default="warning")
     routing = parser.add_argument_group("routing (docs/routing.md)")
-    routing.add_argument("--routing", default="cache-aware", choices=ROUTING_MODES,
-                         help="how engines are chosen (default cache-aware: usable prefix hit "
-                         "from the engines' KV events, balanced against load)")
+    routing.add_argument(
+        "--routing",
+        default="cache-aware",
+        choices=ROUTING_MODES,
+        help="how engines are chosen (default cache-aware: usable prefix hit "
+        "from the engines' KV events, balanced against load)",
+    )
     defaults = CacheAwareWeights()
     for name, help_text in (
         ("hit_weight", "score per fraction of the prompt usable on the engine"),
@@ -48,9 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("queue_weight", "requests one waiting request of the engine's own queue counts as"),
         ("max_load_ratio", "never pick an engine whose load would exceed this x the mean"),
     ):
-        routing.add_argument("--" + name.replace("_", "-"), type=float,
-                             default=getattr(defaults, name),
-                             help=f"{help_text} (default {getattr(defaults, name)})")
+        routing.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            default=getattr(defaults, name),
+            help=f"{help_text} (default {getattr(defaults, name)})",
+        )
 
 
 def _urls(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
@@ -79,7 +86,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     decode = _urls(parser, "--decode", args.decode)
     try:
         weights = CacheAwareWeights(
-            args.hit_weight, args.load_weight, args.kv_weight, args.queue_weight,
+            args.hit_weight,
+            args.load_weight,
+            args.kv_weight,
+            args.queue_weight,
             args.max_load_ratio,
         )
     except ValueError as exc:

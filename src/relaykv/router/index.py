@@ -28,7 +28,7 @@ import msgspec
 
 from relaykv.kvcache import CacheRequest, CacheRole, Geometry, GroupSpec, pd_plan, rules_for
 from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
-from relaykv.kvcache.groups import GroupRules
+from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
 from relaykv.kvcache.lookup import find_longest_hit
 from relaykv.kvcache.manager import prefill_hit_cap
 
@@ -69,6 +69,7 @@ class _Batch(msgspec.Struct, array_like=True):
 
 _DECODER = msgspec.msgpack.Decoder(_Batch)
 _HELD = 1  # the index does not know block ids; lookups only test membership
+_BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
 
 
 def geometry_from_json(raw: dict[str, Any]) -> Geometry:
@@ -104,6 +105,10 @@ class EngineIndex:
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
 
+    def _clear(self) -> None:
+        for gmap in self.maps:
+            gmap.clear()
+
     # -- feeding ---------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
@@ -111,8 +116,7 @@ class EngineIndex:
 
     def reset(self) -> None:
         """Forget everything (engine restarted, disconnected, or an unrecoverable gap)."""
-        for gmap in self.maps:
-            gmap.clear()
+        self._clear()
         self.expected = None
         self.resets += 1
 
@@ -138,22 +142,20 @@ class EngineIndex:
         num_groups = len(self.maps)
         for ev in batch.events:
             if isinstance(ev, AllBlocksCleared):
-                for gmap in self.maps:
-                    gmap.clear()
+                self._clear()
                 continue
             group = ev.group_idx if ev.group_idx is not None else 0
             if not 0 <= group < num_groups:
                 self.events_dropped += 1
                 continue
             gmap = self.maps[group]
+            keys = [h for h in ev.block_hashes if isinstance(h, bytes)]
             if isinstance(ev, BlockStored):
-                for h in ev.block_hashes:
-                    if isinstance(h, bytes):
-                        gmap[h] = _HELD
+                for h in keys:
+                    gmap[h] = _HELD
             else:
-                for h in ev.block_hashes:
-                    if isinstance(h, bytes):
-                        gmap.pop(h, None)
+                for h in keys:
+                    gmap.pop(h, None)
 
     # -- scoring -----------------------------------------------------------------------
     def usable_hit(self, req: CacheRequest) -> int:
@@ -174,6 +176,39 @@ class EngineIndex:
         if self.role == "prefill":
             cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
         return find_longest_hit(req, self.rules, self, cap).tokens
+
+    def hit_bound(self, req: CacheRequest) -> int:
+        """A cheap upper bound of `usable_hit(req)`: in each full group, the first missing
+        block among one probed per stride bounds the run kvcache's lookup would match from
+        block 0; for a `per-group` decode engine, the count of blocks held in the full
+        groups. A router evaluates the
+        exact hit only where this bound can still win (docs/routing.md "Cost")."""
+        n = req.num_prompt_tokens
+        if n <= 1:
+            return 0
+        full = [r for r in self.rules if isinstance(r, FullAttentionGroup)]
+        if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
+            bound = n - 1
+            for rule in full or self.rules:  # reuse needs a block local in every such group
+                held = sum(map(self.maps[rule.index].__contains__, req.keys(rule.index)))
+                bound = min(bound, held * rule.block_size)
+            return bound
+        cap = n - 1
+        if self.role == "prefill":
+            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+        bound = cap
+        for rule in full:
+            keys, gmap = req.keys(rule.index), self.maps[rule.index]
+            limit = min(cap // rule.block_size + rule.peek, len(keys))
+            # The exact run of held blocks from block 0 ends at or before the first missing
+            # block; probing one block in _BOUND_STRIDE finds one within a stride of it.
+            run = limit
+            for k in range(min(_BOUND_STRIDE, limit) - 1, limit, _BOUND_STRIDE):
+                if keys[k] not in gmap:
+                    run = k
+                    break
+            bound = min(bound, rule.hit_from_matched(run, cap))
+        return max(0, bound)
 
     def request(
         self, tokens: list[int], salt: str | None = None, request_id: str = "route"

@@ -5,8 +5,8 @@
   blocks) an engine's event loop.
 * A body that does not arrive within `body_timeout_s` is refused with 408; headers have
   their own timeout in the HTTP server (server.py), so half-open connections do not pile up.
-* A body that is not a JSON object, is nested too deeply, or holds a lone surrogate (not
-  valid Unicode) is refused with 400 and an OpenAI-style error body, never a 500.
+* What the body says is the engines' to judge: the router forwards the client's own bytes
+  (`relaykv.router.body`), 400 only when it is not one JSON object at all.
 
 docs/serving.md ("Limits and timeouts") lists the defaults and flags.
 """
@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-import msgspec
 from fastapi import Request
 
 from relaykv.api_errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
-MAX_NESTING = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,38 +61,3 @@ async def read_body(request: Request, limits: IntakeLimits) -> bytes:
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g}s",
                        code="request_timeout") from None
-
-
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a decoded JSON value, stopping once past `limit`."""
-    stack = [(value, 1)]
-    deepest = 0
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return depth
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
-    try:
-        body = msgspec.json.decode(raw)
-    except RecursionError:
-        raise APIError(400, f"the request body is nested more than {MAX_NESTING} levels deep") \
-            from None
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        raise APIError(
-            400, "the request body is not valid JSON (or holds text that is not valid Unicode, "
-            "such as a lone surrogate)"
-        ) from None
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    if _depth(body, MAX_NESTING) > MAX_NESTING:
-        raise APIError(400, f"the request body is nested more than {MAX_NESTING} levels deep")
-    return body

@@ -24,11 +24,12 @@ requests in flight. Ties go round robin.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 ROUTING_MODES: tuple[str, ...] = ("cache-aware", "least-loaded", "round-robin")
+_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,13 @@ class CacheAwarePolicy(_Turns):
         return c.in_flight + self.weights.queue_weight * c.waiting
 
     def choose(self, candidates: Sequence[Candidate]) -> int:
+        return self.choose_lazy(candidates, lambda i: candidates[i].hit_tokens)
+
+    def choose_lazy(self, candidates: Sequence[Candidate], exact: Callable[[int], int]) -> int:
+        """`choose` where `candidates[i].hit_tokens` is only an upper bound and `exact(i)`
+        gives the true hit: engines are scored best bound first and `exact` is asked only
+        while a bound can still reach the best exact score, so the choice (ties included)
+        is the one `choose` makes on exact hits."""
         w = self.weights
         loads = [self.load(c) for c in candidates]
         # The mean counts the new request; below one request per engine it counts as one, so
@@ -110,15 +118,23 @@ class CacheAwarePolicy(_Turns):
         if not eligible:
             eligible = list(range(len(candidates)))
         least = min(loads[i] for i in eligible)
-        scores: dict[int, float] = {}
-        for i in eligible:
+
+        def score(i: int, hit_tokens: int) -> float:
             c = candidates[i]
-            hit = c.hit_tokens / c.prompt_tokens if c.prompt_tokens > 0 else 0.0
-            scores[i] = (
-                w.hit_weight * hit - w.load_weight * (loads[i] - least) - w.kv_weight * c.kv_usage
-            )
-        best = max(scores.values())
-        return self.tie([i for i in eligible if scores[i] >= best - 1e-9])
+            hit = hit_tokens / c.prompt_tokens if c.prompt_tokens > 0 else 0.0
+            load = w.load_weight * (loads[i] - least)
+            return w.hit_weight * hit - load - w.kv_weight * c.kv_usage
+
+        bounds = sorted(((score(i, candidates[i].hit_tokens), i) for i in eligible), reverse=True)
+        best = float("-inf")
+        scores: dict[int, float] = {}
+        for bound, i in bounds:
+            if bound < best - _EPS:
+                break
+            hit = candidates[i].hit_tokens
+            scores[i] = score(i, exact(i) if hit > 0 else 0)
+            best = max(best, scores[i])
+        return self.tie(sorted(i for i, s in scores.items() if s >= best - _EPS))
 
 
 def make_policy(mode: str, weights: CacheAwareWeights | None = None) -> RoutingPolicy:

@@ -1,14 +1,18 @@
 """The P/D router: an OpenAI-compatible front for prefill and decode engines.
 
-A completion (or chat completion) goes to a prefill engine first, with `max_tokens=1` and
-`kv_transfer_params: {"do_remote_decode": true}`; P computes the prompt, keeps the blocks the
+A completion (or chat completion) goes to a prefill engine first, with
+`kv_transfer_params: {"do_remote_decode": true}` (P validates the client's max_tokens as D will,
+then generates one token); P computes the prompt, keeps the blocks the
 P/D plan names and answers where they are. The request then goes to a decode engine with P's
 `kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
 router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
 docs/routing.md); an engine that cannot be reached or answers 5xx
 leaves the rotation and the request is retried on another one; when none is left the client
 gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
-go back to the client unchanged.
+go back to the client unchanged. Bodies travel as the client's own bytes with the fields a hop
+sets appended (`relaykv.router.body`), so the engines judge exactly what the client sent;
+every response is counted (`relaykv.router.metrics`). Limits, timeouts, disconnects and the
+drain: `relaykv.router.intake`, `.disconnect`, `.server` (docs/pd.md "Limits and timeouts").
 """
 
 from __future__ import annotations
@@ -19,32 +23,25 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.body import ClientBody
 from relaykv.router.disconnect import ClientGone, unless_disconnected
-from relaykv.router.intake import IntakeLimits, parse_body, read_body
+from relaykv.router.intake import IntakeLimits, read_body
+from relaykv.router.metrics import CountResponses, RouterStats, router_registry
 from relaykv.router.routing import Prompt, Routing
 
 log = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 2.0
 _FORWARD_HEADERS = ("authorization",)
-
-
-@dataclass(slots=True)
-class RouterStats:
-    requests: int = 0
-    completed: int = 0
-    failed: int = 0
-    retries: int = 0
-    by_status: dict[int, int] = field(default_factory=dict)
 
 
 class Router:
@@ -78,31 +75,29 @@ class Router:
 
     # -- one request -------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
+        self.stats.requests += 1
         self._authorize(request)
         if self.draining:
             raise APIError(503, "the router is shutting down", code="draining")
         self.in_flight += 1
         streaming = False
         try:
-            body = parse_body(await read_body(request, self.limits))
-            self.stats.requests += 1
+            body = ClientBody.parse(await read_body(request, self.limits))
             headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-            prompt = self.routing.prompt(body)
+            headers["content-type"] = "application/json"
+            prompt = self.routing.prompt(body.data)
             try:
                 transfer, error = await unless_disconnected(
                     request, self._prefill(path, body, headers, prompt)
                 )
                 if error is not None:
-                    self._count(error.status_code)
                     return error
-                decode_body = {**body, "kv_transfer_params": transfer}
-                stream = bool(body.get("stream"))
+                decode_body = body.with_fields({"kv_transfer_params": transfer})
                 response = await unless_disconnected(
-                    request, self._decode(path, decode_body, headers, stream, prompt)
+                    request, self._decode(path, decode_body, headers, body.stream, prompt)
                 )
             except ClientGone:
-                self._count(499)  # nginx's "client closed request": nobody reads this
-                return Response(status_code=499)
+                return Response(status_code=499)  # nginx's "client closed request"
             streaming = isinstance(response, StreamingResponse)
             return response
         finally:
@@ -117,17 +112,19 @@ class Router:
             raise APIError(401, "missing or invalid API key", code="invalid_api_key")
 
     async def _prefill(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], prompt: Prompt | None
+        self, path: str, body: ClientBody, headers: dict[str, str], prompt: Prompt | None
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """P computes the prompt; returns its transfer parameters or a response to relay.
 
         P gets the client's own max_tokens and min_tokens: it validates the request exactly
         as D will (and answers 400 before any compute for what D would refuse), then
         generates one token whatever max_tokens says (docs/pd.md)."""
-        prefill_body = {
-            **body, "stream": False, "kv_transfer_params": {"do_remote_decode": True},
+        overrides: dict[str, Any] = {
+            "stream": False,
+            "stream_options": None,
+            "kv_transfer_params": {"do_remote_decode": True},
         }
-        prefill_body.pop("stream_options", None)
+        prefill_body = body.with_fields(overrides)
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
@@ -139,7 +136,10 @@ class Router:
                 continue
             if resp.status_code != 200:
                 return None, _relay(resp)
-            params = resp.json().get("kv_transfer_params")
+            try:
+                params = resp.json().get("kv_transfer_params")
+            except (ValueError, AttributeError):
+                params = None
             if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                 self.prefill.failed(backend, "answered without kv_transfer_params")
                 continue
@@ -147,7 +147,7 @@ class Router:
         return None, _unavailable("prefill")
 
     async def _post(
-        self, pool: BackendPool, backend: Backend, path: str, body: dict, headers: dict,
+        self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict,
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response | None:
         assert self.client is not None
@@ -155,7 +155,8 @@ class Router:
         backend.requests += 1
         try:
             resp = await self.client.post(
-                f"{backend.url}{path}", json=body, headers=headers, timeout=timeout or self.timeout
+                f"{backend.url}{path}", content=body, headers=headers,
+                timeout=timeout or self.timeout,
             )
         except httpx.HTTPError as exc:
             pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
@@ -172,7 +173,11 @@ class Router:
         return resp
 
     async def _decode(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], stream: bool,
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        stream: bool,
         prompt: Prompt | None = None,
     ) -> Response:
         tried: set[Backend] = set()
@@ -183,7 +188,6 @@ class Router:
                 if resp is None:
                     self.stats.retries += 1
                     continue
-                self._count(resp.status_code)
                 return _relay(resp)
             opened = await self._open_stream(backend, path, body, headers)
             if opened is None:
@@ -192,20 +196,19 @@ class Router:
             if opened.status_code != 200:
                 await opened.aread()
                 await opened.aclose()
-                self._count(opened.status_code)
                 return _relay(opened)
-            self._count(200)
             return StreamingResponse(
                 self._relay_stream(backend, opened), media_type="text/event-stream"
             )
-        self._count(503)
         return _unavailable("decode")
 
     async def _open_stream(
-        self, backend: Backend, path: str, body: dict, headers: dict
+        self, backend: Backend, path: str, body: bytes, headers: dict
     ) -> httpx.Response | None:
         assert self.client is not None
-        req = self.client.build_request("POST", f"{backend.url}{path}", json=body, headers=headers)
+        req = self.client.build_request(
+            "POST", f"{backend.url}{path}", content=body, headers=headers
+        )
         backend.in_flight += 1
         backend.requests += 1
         try:
@@ -237,25 +240,18 @@ class Router:
                     yield chunk
             except httpx.HTTPError as exc:
                 self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
-                self.stats.failed += 1
+                self.stats.stream_errors += 1
                 yield stream_error(f"the decode engine's stream broke: {exc}")
                 tail = b""
             if b"data: [DONE]" not in tail:
                 if tail:  # D closed cleanly without finishing the stream
-                    self.stats.failed += 1
+                    self.stats.stream_errors += 1
                     yield stream_error("the decode engine ended the stream early")
                 yield DONE_EVENT
         finally:
             backend.in_flight -= 1
             self.in_flight -= 1
             await resp.aclose()
-
-    def _count(self, status: int) -> None:
-        self.stats.by_status[status] = self.stats.by_status.get(status, 0) + 1
-        if status == 200:
-            self.stats.completed += 1
-        else:
-            self.stats.failed += 1
 
     # -- background -----------------------------------------------------------------------
     async def health_loop(self) -> None:
@@ -280,7 +276,8 @@ def stream_error(message: str) -> bytes:
 def _relay(resp: httpx.Response) -> Response:
     """An engine's answer, passed through (content type and status kept)."""
     return Response(
-        content=resp.content, status_code=resp.status_code,
+        content=resp.content,
+        status_code=resp.status_code,
         media_type=resp.headers.get("content-type", "application/json"),
     )
 
@@ -316,20 +313,27 @@ def create_router_app(router: Router) -> FastAPI:
     async def chat(request: Request) -> Response:
         return await router.handle(request, "/v1/chat/completions")
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
+    async def relay_get(request: Request) -> Response:
         router._authorize(request)
         assert router.client is not None
         backend = router.decode.pick()
         if backend is None:
             return _unavailable("decode")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        url = f"{backend.url}{request.url.path}"
         try:
-            return _relay(await router.client.get(f"{backend.url}/v1/models", headers={
-                k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS
-            }))
+            return _relay(await router.client.get(url, headers=headers))
         except httpx.HTTPError as exc:
             router.decode.failed(backend, str(exc))
             return _unavailable("decode")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await relay_get(request)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        return await relay_get(request)
 
     @app.get("/health")
     async def health() -> Response:
@@ -349,18 +353,11 @@ def create_router_app(router: Router) -> FastAPI:
     async def cluster() -> dict[str, Any]:
         return router.cluster()
 
+    registry = router_registry(router.stats, [*router.prefill.backends, *router.decode.backends])
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        s = router.stats
-        lines = [
-            "# TYPE relaykv:router_requests counter",
-            f"relaykv:router_requests_total {s.requests}",
-            "# TYPE relaykv:router_retries counter",
-            f"relaykv:router_retries_total {s.retries}",
-            "# TYPE relaykv:router_responses counter",
-            *(f'relaykv:router_responses_total{{status="{k}"}} {v}'
-              for k, v in sorted(s.by_status.items())),
-        ]
-        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.add_middleware(CountResponses, stats=router.stats)
     return app

@@ -28,7 +28,13 @@ from relaykv.kvcache import CacheRequest
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
-from relaykv.router.policy import CacheAwareWeights, Candidate, RoutingPolicy, make_policy
+from relaykv.router.policy import (
+    CacheAwarePolicy,
+    CacheAwareWeights,
+    Candidate,
+    RoutingPolicy,
+    make_policy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,24 +117,36 @@ class Routing:
         if policy is None:
             policy = self.policies[pool.role] = make_policy(self.mode, self.weights)
         candidates = []
+        indexes: list[EngineIndex | None] = []
         for b in backends:
             t = self.tracker(b)
-            hit = 0
-            if prompt is not None and t.index is not None and t.subscriber is not None:
-                hit = t.index.usable_hit(prompt.request_for(t.index))
+            index = t.index if prompt is not None and t.subscriber is not None else None
+            indexes.append(index)
+            bound = index.hit_bound(prompt.request_for(index)) if prompt and index else 0
             candidates.append(
                 Candidate(
-                    hit_tokens=hit,
+                    hit_tokens=bound,
                     prompt_tokens=len(prompt.tokens) if prompt else 0,
                     in_flight=b.in_flight,
                     waiting=t.waiting,
                     kv_usage=t.kv_usage,
                 )
             )
-        choice = policy.choose(candidates)
+        exact: dict[int, int] = {}
+
+        def exact_hit(i: int) -> int:
+            index = indexes[i]
+            assert prompt is not None and index is not None
+            exact[i] = index.usable_hit(prompt.request_for(index))
+            return exact[i]
+
+        if isinstance(policy, CacheAwarePolicy):
+            choice = policy.choose_lazy(candidates, exact_hit)
+        else:
+            choice = policy.choose(candidates)
         t = self.tracker(backends[choice])
         t.decisions += 1
-        t.hit_tokens += candidates[choice].hit_tokens
+        t.hit_tokens += exact.get(choice, 0)
         # Balance record: the chosen engine's in-flight count against the pool's mean, once
         # the pool has at least one request per engine in flight.
         total = sum(b.in_flight for b in pool.backends) + 1
@@ -178,7 +196,9 @@ class Routing:
             t.index = None
             return
         t.index = EngineIndex(
-            geometry, str(info.get("role", "colocated")), str(info.get("pd_policy", "per-group"))
+            geometry,
+            str(info.get("role", "colocated")),
+            str(info.get("pd_policy", "per-group")),
         )
         events = info.get("kv_events")
         if self.mode != "cache-aware" or not isinstance(events, dict):

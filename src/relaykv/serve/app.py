@@ -1,7 +1,8 @@
 """The FastAPI application: routes, the access gate, error handlers, the engine's lifespan.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-`GET /health`, `GET /metrics`, and for production routers vLLM's `POST /tokenize`,
+`GET /v1/models/{id}` (404 `model_not_found` for another id), `GET /health`, `GET /metrics`,
+and for production routers vLLM's `POST /tokenize`,
 `/detokenize`, `/v1/completions/render`, `/v1/chat/completions/render` (`vllm_compat`) and
 `GET /get_load`, `/health_generate` (`router_probes`). The gate (a plain ASGI middleware, so
 streams and disconnects pass through untouched) answers every `/v1/...` request (and
@@ -31,8 +32,9 @@ from relaykv.api_errors import APIError, install_error_handlers
 from relaykv.engine import AsyncEngine
 from relaykv.serve import chat, completions, router_probes, vllm_compat
 from relaykv.serve.engine_factory import ServedEngine
+from relaykv.serve.inputs import check_model
 from relaykv.serve.metrics import engine_registry
-from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap
+from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap, sglang_bootstrap
 from relaykv.serve.state import ServerState, server_state
 
 log = logging.getLogger("relaykv.serve")
@@ -102,12 +104,12 @@ def create_app(
     )
     app.state.relaykv = state
     install_error_handlers(app)
-    # SGLang's bootstrap P/D fields are refused before any handler runs (sglang_bootstrap.py)
-    sglang_guard = [Depends(refuse_sglang_bootstrap)]
+    # SGLang's bootstrap P/D fields: refused, or the room handshake (sglang_bootstrap.py)
+    sglang_guard = [Depends(sglang_bootstrap)]
     app.include_router(completions.router, dependencies=sglang_guard)
     app.include_router(chat.router, dependencies=sglang_guard)
     # vLLM's extra endpoints production routers poll (vllm_compat.py, router_probes.py)
-    app.include_router(vllm_compat.router, dependencies=sglang_guard)
+    app.include_router(vllm_compat.router, dependencies=[Depends(refuse_sglang_bootstrap)])
     app.include_router(router_probes.router)
     registry = engine_registry(served.engine, served.served_model_name)
 
@@ -128,6 +130,12 @@ def create_app(
     async def models(request: Request) -> Response:
         s = server_state(request)
         return JSONResponse({"object": "list", "data": [model_card(s)]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        s = server_state(request)
+        check_model(model_id, s.model_name)
+        return JSONResponse(model_card(s))
 
     app.add_middleware(AccessGate, state=state)
     return app

@@ -12,6 +12,7 @@ from relaykv.private_files import (
     PrivateFileError,
     resolve_api_key,
 )
+from relaykv.serve import sglang_bootstrap
 from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
 from relaykv.serve.options import (
     OptionError,
@@ -68,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV cache events as vLLM publishes them, a JSON object with vLLM's keys, e.g. "
         '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' (docs/kv-events.md)',
     )
+    sglang_bootstrap.add_arguments(parser)
 
 
 def say(line: str) -> None:
@@ -90,7 +92,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         options = engine_options(args)
         events_config = parse_kv_events_config(args.kv_events_config)
+        bootstrap = sglang_bootstrap.config_from_args(args, options.role, options.kv_lease_seconds)
     except (OptionError, KVEventsConfigError) as exc:
+        parser.error(str(exc))
+    except ValueError as exc:  # the --sglang-bootstrap flags
         parser.error(str(exc))
     from relaykv.serve.app import create_app
     from relaykv.serve.engine_factory import build_engine
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         say(line)
     say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
+    sglang_bootstrap.install(app, bootstrap)
     publisher = start_kv_events(served, events_config, app)
     try:
         return serve_app(

@@ -1,158 +1,140 @@
-"""Running one engine request for an HTTP handler: start, stream, collect, disconnects.
+"""The one generation handler behind `/v1/completions` and `/v1/chat/completions`.
 
-`start_generation` validates with the engine before anything is sent (so every refusal is a
-400 with a proper body, not an error inside a stream) and returns the output stream.
-`collect` gathers a non-streaming result while watching the connection: a client that goes
-away cancels the collection, and cancelling the engine stream aborts the request and frees
-its blocks (`AsyncEngine.generate`'s contract). Streaming responses get the same from
-Starlette, which cancels the body iterator on `http.disconnect`.
+Both APIs run the same steps, here and only here: validate with the engine before anything
+is sent (a refusal is a 400, never an error inside a stream), stream or collect, watch for
+disconnects (a client that goes away aborts its request), put `kv_transfer_params` in the
+answer (P/D: on the last streamed chunk, or in the body), add usage, and end a stream with
+`[DONE]`, with an engine failure after the stream started sent in-band. What differs between
+the two APIs, the spelling of a choice, is a `ResponseShape`.
+
+Streams follow vLLM's wire format (docs/serving.md "Streaming"): one chunk per engine step
+that produced tokens (a speculative step may carry several tokens; a step whose bytes do not
+complete a UTF-8 character carries empty text), the finish reason on the last one, then the
+usage chunk with empty `choices` when `stream_options.include_usage` is set, then `[DONE]`.
+A chat stream opens, as vLLM's does, with a role-only chunk (`{"role": "assistant",
+"content": ""}`) sent when the first step's output arrives, so every token step has a chunk
+of its own and a client that skips the opening chunk loses no inter-token gap.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import uuid
-from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from fastapi import Request
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from relaykv.api_errors import APIError, error_body
-from relaykv.engine import EngineDeadError, InvalidRequest, RequestOutput, SamplingParams
+from relaykv.engine import RequestOutput, SamplingParams
+from relaykv.serve.engine_stream import (
+    DONE,
+    ClientGone,
+    Collected,
+    collect,
+    new_request_id,
+    outputs,
+    sse,
+    sse_error,
+    start_generation,
+    unless_disconnected,
+    usage,
+)
+from relaykv.serve.protocol import SamplingFields
 from relaykv.serve.state import ServerState
-from relaykv.steps import TokenLogprobs
-
-T = TypeVar("T")
-DONE = b"data: [DONE]\n\n"
 
 
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+class ResponseShape(Protocol):
+    """How one API spells its answer. Implementations are per request (they may keep state
+    across chunks, e.g. the completions `text_offset`).
+
+    * `request_id_prefix`, `object_name` (non-streamed `object`), `chunk_object` (streamed);
+    * `opening_choices()`: choices of the chunks sent before the first token chunk (chat's
+      role-only chunk), each its own chunk;
+    * `stream_choice(out)`: the choice of the chunk for one engine step;
+    * `final_choice(result, prompt_ids)`: the choice of a non-streamed answer.
+    """
+
+    request_id_prefix: str
+    object_name: str
+    chunk_object: str
+
+    def opening_choices(self) -> list[dict[str, Any]]: ...
+
+    def stream_choice(self, out: RequestOutput) -> dict[str, Any]: ...
+
+    def final_choice(self, result: Collected, prompt_ids: list[int]) -> dict[str, Any]: ...
 
 
-def usage(num_prompt: int, num_output: int, num_cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": num_prompt,
-        "completion_tokens": num_output,
-        "total_tokens": num_prompt + num_output,
-        "prompt_tokens_details": {"cached_tokens": num_cached},
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    """One validated request: what to run and how to answer it."""
+
+    body: SamplingFields
+    prompt_ids: list[int]
+    params: SamplingParams
+    shape: ResponseShape
+
+
+async def run_generation(request: Request, state: ServerState, job: GenerationJob) -> Response:
+    """Start the request in the engine (400 on refusal) and answer it, streamed or not."""
+    body, shape = job.body, job.shape
+    request_id = new_request_id(shape.request_id_prefix)
+    stream = start_generation(
+        state, request_id, job.prompt_ids, job.params, body.cache_salt, body.kv_transfer_params
+    )
+    head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    if body.stream:
+        events = _events(state, stream, body, shape, {**head, "object": shape.chunk_object})
+        return StreamingResponse(events, media_type="text/event-stream")
+    try:
+        result = await unless_disconnected(request, collect(state, stream))
+    except ClientGone:
+        return Response(status_code=499)
+    last = result.last
+    assert last is not None
+    answer = {
+        "id": request_id,
+        "object": shape.object_name,
+        "created": head["created"],
+        "model": head["model"],
+        "choices": [shape.final_choice(result, job.prompt_ids)],
+        "usage": result.usage(),
     }
+    if body.kv_transfer_params is not None or last.kv_transfer_params is not None:
+        answer["kv_transfer_params"] = last.kv_transfer_params
+    return JSONResponse(answer)
 
 
-def sse(event: dict[str, Any]) -> bytes:
-    return (
-        b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-    )
-
-
-def sse_error(exc: BaseException) -> bytes:
-    if isinstance(exc, APIError):
-        return sse(exc.body())
-    return sse(error_body(500, f"{type(exc).__name__}: {exc}"))
-
-
-def engine_failure(exc: EngineDeadError, state: ServerState) -> APIError:
-    if state.engine.dead is None:
-        return APIError(503, str(exc), code="service_unavailable")
-    return APIError(500, str(exc), code="engine_dead")
-
-
-@dataclass(slots=True)
-class Collected:
-    """A finished request, folded from its outputs."""
-
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    last: RequestOutput | None = None
-
-    def add(self, out: RequestOutput) -> None:
-        self.token_ids.extend(out.new_token_ids)
-        self.text += out.new_text
-        if out.new_logprobs:
-            self.logprobs.extend(out.new_logprobs)
-        self.last = out
-
-    def usage(self) -> dict[str, Any]:
-        out = self.last
-        assert out is not None
-        return usage(out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
-
-
-def start_generation(
+async def _events(
     state: ServerState,
-    request_id: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    cache_salt: str | None,
-    kv_transfer_params: dict[str, Any] | None,
-) -> AsyncIterator[RequestOutput]:
-    """Check everything the engine would refuse (400) and return the output stream."""
-    state.check_accepting()
+    stream: AsyncIterator[RequestOutput],
+    body: SamplingFields,
+    shape: ResponseShape,
+    head: dict[str, Any],
+) -> AsyncIterator[bytes]:
+    include_usage = body.include_usage
+
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        event: dict[str, Any] = {**head, "choices": choices}
+        if include_usage:
+            event["usage"] = None
+        return event
+
+    last: RequestOutput | None = None
     try:
-        state.engine.engine.validate(prompt_ids, params, kv_transfer_params)
-    except InvalidRequest as exc:
-        raise APIError(400, str(exc), exc.field) from None
-    return state.engine.generate(
-        request_id,
-        prompt_ids,
-        params,
-        cache_salt=cache_salt,
-        kv_transfer_params=kv_transfer_params,
-    )
-
-
-async def outputs(
-    state: ServerState, stream: AsyncIterator[RequestOutput]
-) -> AsyncIterator[RequestOutput]:
-    """The engine's outputs with its exceptions turned into `APIError`; a request the engine
-    ended with an error raises a 500 after its last output."""
-    try:
-        async for out in stream:
-            if out.finished and out.finish_reason == "error":
-                raise APIError(500, out.error or "the request failed in the engine")
-            yield out
-    except InvalidRequest as exc:
-        raise APIError(400, str(exc), exc.field) from None
-    except EngineDeadError as exc:
-        raise engine_failure(exc, state) from None
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]  # aborts an unfinished request
-
-
-async def collect(state: ServerState, stream: AsyncIterator[RequestOutput]) -> Collected:
-    result = Collected()
-    async for out in outputs(state, stream):
-        result.add(out)
-    return result
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the answer was ready."""
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`; if the client disconnects first, cancel it (aborting its request)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task in done:
-        return task.result()
-    raise ClientGone()
+        async for out in outputs(state, stream):
+            if last is None:
+                for choice in shape.opening_choices():
+                    yield sse(chunk([choice]))
+            last = out
+            event = chunk([shape.stream_choice(out)])
+            if out.finished and out.kv_transfer_params is not None:
+                event["kv_transfer_params"] = out.kv_transfer_params
+            yield sse(event)
+        if include_usage and last is not None:
+            tokens = usage(last.num_prompt_tokens, last.num_output_tokens, last.num_cached_tokens)
+            yield sse({**head, "choices": [], "usage": tokens})
+    except Exception as exc:  # an engine failure mid-stream: tell the client in-band
+        yield sse_error(exc)
+    yield DONE

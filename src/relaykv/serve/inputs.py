@@ -8,25 +8,65 @@ engine (token ids against the vocabulary, the context limit, the pool) are the e
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from relaykv.api_errors import APIError, bad_request, validation_error
-from relaykv.engine import SamplingParams
+from relaykv.engine import InvalidRequest, SamplingParams
 from relaykv.serve.chat_template import TextTokenizer
 from relaykv.serve.protocol import SamplingFields
 
 Body = TypeVar("Body", bound=BaseModel)
 
 
-def parse_body(raw: bytes, model: type[Body]) -> Body:
+def check_values(value: Any, path: str = "") -> None:
+    """400 naming the field for a value JSON cannot carry faithfully: a non-finite number
+    (`NaN`, `Infinity`, `1e309`, which Python's parser accepts) or a string that is not
+    Unicode text (a lone surrogate such as `"\\ud800"`), anywhere in the body."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise bad_request(f"{path or 'body'}: numbers must be finite, got {value}", _top(path))
+    elif isinstance(value, str):
+        _check_text(value, path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{path}.{key}" if path else "a key")
+            check_values(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_values(item, f"{path}.{i}" if path else str(i))
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        where = path.encode("utf-8", "backslashreplace").decode()
+        raise bad_request(
+            f"{where}: strings must be valid Unicode (no lone surrogates)", _top(where)
+        ) from None
+
+
+def _top(path: str) -> str | None:
+    return path.split(".", 1)[0] or None
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object whose numbers are finite and whose strings are text."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    check_values(data)
+    return data
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
+    data = json_object(raw)
     try:
         body = model.model_validate(data)
     except ValidationError as exc:
@@ -93,15 +133,21 @@ def sampling_params(
         stop = (body.stop,)
     elif body.stop:
         stop = tuple(body.stop)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=0 if body.top_k is None else body.top_k,
-        seed=body.seed,
-        stop=stop,
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
-        logprobs=logprobs,
-    )
+    # Fields the client left out take SamplingParams' own defaults (vLLM's), set in one place.
+    given = {
+        name: getattr(body, name)
+        for name in ("temperature", "top_p", "top_k", "seed")
+        if getattr(body, name) is not None
+    }
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            stop=stop,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+            **given,
+        )
+    except InvalidRequest as exc:
+        raise bad_request(str(exc), exc.field) from None

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 
 from relaykv.api_errors import APIError
 from relaykv.engine import SamplingParams
-from relaykv.serve.generation import collect, new_request_id, start_generation
+from relaykv.serve.engine_stream import collect, new_request_id, start_generation
 from relaykv.serve.state import ServerState, server_state
 
 router = APIRouter()

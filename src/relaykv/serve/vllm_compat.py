@@ -23,7 +23,6 @@ value is refused with a 400 naming it rather than silently ignored.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -33,8 +32,14 @@ from fastapi.responses import JSONResponse
 from relaykv.api_errors import APIError, bad_request
 from relaykv.engine import InvalidRequest
 from relaykv.serve.chat_template import ChatTemplateError
-from relaykv.serve.generation import new_request_id
-from relaykv.serve.inputs import check_model, completion_prompt, parse_body, sampling_params
+from relaykv.serve.engine_stream import new_request_id
+from relaykv.serve.inputs import (
+    check_model,
+    completion_prompt,
+    json_object,
+    parse_body,
+    sampling_params,
+)
 from relaykv.serve.protocol import ChatCompletionRequest, CompletionRequest
 from relaykv.serve.state import ServerState, server_state
 
@@ -43,16 +48,6 @@ router = APIRouter()
 # Paths outside /v1 that compute on the engine's tokenizer or model: the API-key gate covers
 # them like /v1/... (`relaykv.serve.app.AccessGate`).
 GATED_PATHS = frozenset({"/tokenize", "/detokenize"})
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"malformed JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
-    return data
 
 
 def _flag(data: dict[str, Any], name: str, default: bool) -> bool:
@@ -85,7 +80,7 @@ def _token_strs(state: ServerState, ids: list[int]) -> list[str]:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
     state = server_state(request)
-    data = _json_object(await request.body())
+    data = json_object(await request.body())
     if state.served.tokenizer is None:
         raise bad_request("this model has no tokenizer")
     chat = "messages" in data
@@ -122,7 +117,7 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> Response:
     state = server_state(request)
-    data = _json_object(await request.body())
+    data = json_object(await request.body())
     check_model(data.get("model"), state.model_name)
     tokenizer = state.served.tokenizer
     if tokenizer is None:

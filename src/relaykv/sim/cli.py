@@ -1,5 +1,6 @@
 """`relaykv sim`: simulate a P/D cluster running relaykv's own scheduler and cache.
 
+    relaykv sim calibrate --model tiny-hybrid --speculative-tokens 2 --out cpu.json
     relaykv sim --model gpt-oss-20b --hardware h20 --prefill-tp 2 --decode-tp 2 \\
         --link rdma --speculative-tokens 3 --pd-policy all \\
         --dataset-name prefix_repetition --prefix-repetition-prefix-len 65504 \\
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from relaykv.kvcache import PD_POLICIES
 from relaykv.sim import sim_args
@@ -30,18 +34,37 @@ from relaykv.sim.workload import WorkloadError, arrival_offsets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("calibrate",),
+        help="calibrate: fit the cost model on this machine's real runner and transport",
+    )
     sim_args.add_cluster_arguments(parser)
     sim_args.add_workload_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="last stdout line: a JSON list")
     out.add_argument("--result-dir", default=None, help="write the JSON and a PNG plot here")
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar on stderr")
+    cal = parser.add_argument_group("calibrate")
+    cal.add_argument("--out", default=None, help="the calibration file to write")
+    cal.add_argument("--kv-transport", default="shm", help="the transport to time (shm, tcp)")
+    cal.add_argument(
+        "--calibrate-quick", action="store_true", help="fewer, smaller steps, one repeat"
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.action == "calibrate":
+        from relaykv.sim.calibrate_cli import run_calibration
+
+        if not args.out:
+            parser.error("argument --out: calibrate needs --out FILE")
+        return run_calibration(args, parser)
     try:
         model = model_spec(args.model)
         hardware = hardware_spec(args.hardware)
-        link = link_spec(args.link)
+        link = link_spec(args.link or args.hardware)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -79,6 +102,14 @@ def simulate(
     def after_warmup() -> None:
         warm_counters.update(cluster.counters())
 
+    bar = tqdm(
+        total=len(requests) + args.num_warmups,
+        desc=f"sim {policy}",
+        unit="req",
+        mininterval=1.0,
+        file=sys.stderr,
+        disable=getattr(args, "disable_tqdm", True),
+    )
     start = cluster.run(
         requests,
         offsets,
@@ -86,7 +117,9 @@ def simulate(
         num_warmups=args.num_warmups,
         ignore_eos=True,
         on_measured=after_warmup,
+        on_request_done=lambda _: bar.update(1),
     )
+    bar.close()
     problems = cluster.check()
     if problems:
         raise RuntimeError("simulated cluster invariants broken: " + "; ".join(problems[:5]))
@@ -115,7 +148,8 @@ def _save(results: list[dict[str, Any]], args: argparse.Namespace, where: Path) 
     )
     title = (
         f"{args.model} on {args.hardware} ({args.num_prefill}P TP{args.prefill_tp} + "
-        f"{args.num_decode}D TP{args.decode_tp}, {args.link}), {args.dataset_name}"
+        f"{args.num_decode}D TP{args.decode_tp}, {args.link or 'default link'}), "
+        f"{args.dataset_name}"
     )
     plot_run(results, where / f"{stem}.png", title)
     if not args.json:

@@ -2,27 +2,28 @@
 
 The client sends each request at its arrival offset with at most `max_concurrency` in
 flight (warmups first, unmeasured), like `relaykv bench serve`. The router is
-`relaykv.router`'s own `BackendPool` (least loaded, ties round robin; the same code as
-`relaykv router`), called directly: a request goes to a prefill engine with
-`do_remote_decode` and `max_tokens=1`, P's answer (its `kv_transfer_params`) goes with the
-original request to a decode engine, and D's tokens are the client's stream (TTFT is D's
-first token). Each HTTP hop costs `request_overhead_s`. With no prefill engines the decode
-engines are colocated ones and the router only balances them.
+`relaykv router`'s own policy code (`relaykv.sim.routing`), called directly: a request
+goes to a prefill engine with `do_remote_decode` and `max_tokens=1`, P's answer (its
+`kv_transfer_params`) goes with the original request to a decode engine, and D's tokens
+are the client's stream (TTFT is D's first token). Each HTTP hop costs the hardware's
+`request_overhead_s`. With no prefill engines the decode engines are colocated ones and
+the router only balances them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
-from relaykv.router.backends import Backend, BackendPool
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.engine import SimEngine
 from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
+from relaykv.sim.routing import SimRouter
 from relaykv.sim.transport import SimTransport
 from relaykv.sim.workload import SimRequest
 
@@ -42,7 +43,8 @@ class ClusterSpec:
     num_blocks: int = 10000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "boundaries"
-    request_overhead_s: float = 1e-3
+    prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
+    routing: str = "cache-aware"  # relaykv router's --routing
 
 
 @dataclass(slots=True)
@@ -76,21 +78,17 @@ class SimCluster:
             self._add_engine(f"prefill{i}", "prefill", spec.prefill_tp)
         for i in range(spec.num_decode):
             self._add_engine(f"decode{i}", "colocated" if colocated else "decode", spec.decode_tp)
-        self.prefill_pool = (
-            None
-            if colocated
-            else BackendPool("prefill", [f"prefill{i}" for i in range(spec.num_prefill)])
-        )
-        self.decode_pool = BackendPool("decode", [f"decode{i}" for i in range(spec.num_decode)])
-        self._backends: dict[str, Backend] = {
-            b.url: b
-            for pool in (self.prefill_pool, self.decode_pool)
-            if pool
-            for b in pool.backends
-        }
+        by_role: dict[str, list[SimEngine]] = {}
+        for engine in self.engines.values():
+            by_role.setdefault("prefill" if engine.role == "prefill" else "decode", []).append(
+                engine
+            )
+        self.router = SimRouter(spec.routing, by_role)
+        self.first_role = "decode" if colocated else "prefill"
         self.records: list[RequestRecord] = []
         self._live: dict[str, tuple[RequestRecord, SamplingParams, list[int]]] = {}
         self._on_done: Callable[[RequestRecord], None] = lambda r: None
+        self._progress_hook: Callable[[RequestRecord], None] = lambda r: None
 
     def _add_engine(self, name: str, role: str, tp: int) -> None:
         s = self.spec
@@ -102,6 +100,7 @@ class SimCluster:
             acceptance_rate=s.acceptance_rate,
         )
         config = EngineConfig(
+            enable_prefix_caching=s.prefill_prefix_caching or role != "prefill",
             num_blocks=s.num_blocks,
             scheduler=s.scheduler,
             retention=s.retention,
@@ -123,38 +122,28 @@ class SimCluster:
         record.send_time = self.loop.now
         self.records.append(record)
         self._live[rid] = (record, params, prompt)
-        if self.prefill_pool is None:
-            self.loop.after(
-                self.spec.request_overhead_s,
-                lambda: self._to_engine(self.decode_pool, rid, prompt, params, None),
-            )
-            return
-        p_params = {"do_remote_decode": True}
+        kv = {"do_remote_decode": True} if self.first_role == "prefill" else None
         self.loop.after(
-            self.spec.request_overhead_s,
-            lambda: self._to_engine(self.prefill_pool, rid, prompt, params, p_params),
+            self.spec.hardware.request_overhead_s,
+            lambda: self._to_engine(self.first_role, rid, prompt, params, kv),
         )
 
     def _to_engine(
         self,
-        pool: BackendPool | None,
+        role: str,
         rid: str,
         prompt: list[int],
         params: SamplingParams,
         kv: dict[str, Any] | None,
     ) -> None:
-        assert pool is not None
-        backend = pool.pick()
-        assert backend is not None
-        engine = self.engines[backend.url]
+        engine = self.router.pick(role, prompt)
         try:
             engine.add(rid, prompt, params, kv)
         except InvalidRequest as exc:
+            self.router.done(engine)
             self._fail(rid, f"{exc}")
             return
-        backend.in_flight += 1
-        backend.requests += 1
-        if engine.connector is None or engine.connector.role == "decode":
+        if role == "decode":
             self._live[rid][0].decode_engine = engine.name
 
     def _progress(self, engine: SimEngine, req: Request, new_tokens: list[int]) -> None:
@@ -164,18 +153,17 @@ class SimCluster:
             return
         record, params, prompt = entry
         now = self.loop.now
-        is_prefill = engine.connector is not None and engine.connector.role == "prefill"
-        if is_prefill:
+        if engine.role == "prefill":
             if not req.finished:
                 return
-            self._backends[engine.name].in_flight -= 1
+            self.router.done(engine)
             if req.error or req.kv_transfer_params is None:
                 self._fail(rid, req.error or "the prefill engine returned no transfer params")
                 return
             kv = dict(req.kv_transfer_params)
             self.loop.after(
-                self.spec.request_overhead_s,
-                lambda: self._to_engine(self.decode_pool, rid, prompt, params, kv),
+                self.spec.hardware.request_overhead_s,
+                lambda: self._to_engine("decode", rid, prompt, params, kv),
             )
             return
         if new_tokens:
@@ -183,7 +171,7 @@ class SimCluster:
                 record.first_token_time = now
             record.output_tokens += len(new_tokens)
         if req.finished:
-            self._backends[engine.name].in_flight -= 1
+            self.router.done(engine)
             if req.error:
                 self._fail(rid, req.error)
                 return
@@ -207,9 +195,12 @@ class SimCluster:
         num_warmups: int,
         ignore_eos: bool = True,
         on_measured: Callable[[], None] = lambda: None,
+        on_request_done: Callable[[RequestRecord], None] = lambda r: None,
     ) -> float:
         """Warm up, then send every request; returns the measured phase's start time.
-        `on_measured` runs between the two (a counter scrape)."""
+        `on_measured` runs between the two (a counter scrape); `on_request_done` after each
+        request (a progress bar)."""
+        self._progress_hook = on_request_done
 
         def params(r: SimRequest) -> SamplingParams:
             return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=ignore_eos)
@@ -233,13 +224,13 @@ class SimCluster:
         warmup: bool,
     ) -> None:
         start = self.loop.now
-        queue: list[tuple[int, SimRequest]] = []
-        state = {"in_flight": 0, "next": 0}
+        queue: deque[tuple[int, SimRequest]] = deque()
+        state = {"in_flight": 0}
         base = len(self.records)
 
         def pump() -> None:
             while queue and state["in_flight"] < limit:
-                i, r = queue.pop(0)
+                i, r = queue.popleft()
                 state["in_flight"] += 1
                 self.submit(
                     RequestRecord(base + i, len(r.prompt), r.output_len, warmup=warmup),
@@ -247,8 +238,9 @@ class SimCluster:
                     params(r),
                 )
 
-        def done(_: RequestRecord) -> None:
+        def done(record: RequestRecord) -> None:
             state["in_flight"] -= 1
+            self._progress_hook(record)
             pump()
 
         self._on_done = done
@@ -264,9 +256,7 @@ class SimCluster:
         """Cache stats summed per role (the engines' `/metrics` counters)."""
         out: dict[str, dict[str, int]] = {}
         for engine in self.engines.values():
-            role = (
-                "prefill" if engine.connector and engine.connector.role == "prefill" else "decode"
-            )
+            role = "prefill" if engine.role == "prefill" else "decode"
             totals = out.setdefault(role, {})
             for key, value in engine.manager.stats.snapshot().items():
                 if isinstance(value, int):

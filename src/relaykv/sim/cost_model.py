@@ -13,6 +13,8 @@ formula), on an engine of TP t:
 * bytes = weights read once per step (dense + the experts the step's tokens touch,
           `ModelSpec.weight_bytes`) + per sequence the KV its attention reads (per layer
           kind `kv_bytes_per_token * context`, windowed for sliding) + the KV it writes;
+  (`kv_bandwidth`, when set, serves the KV part: a calibrated CPU pages KV far slower
+  than it streams weights; GPU presets leave it at the HBM bandwidth);
 * time = overhead + per-sequence overhead * sequences
          + max(FLOPs / (t * peak * MFU), bytes / (t * HBM * MBU))    [combine = max]
            or the sum of both                                          [combine = sum]
@@ -83,47 +85,89 @@ def _attention(kind: LayerKind, seqs: Sequence[SeqShape]) -> tuple[float, float]
     return flops * kind.num_layers, read * kind.num_layers
 
 
-def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqShape]) -> StepCost:
-    """The modelled duration of one step (the module docstring's formula)."""
-    if tp < 1:
-        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """The hardware-independent terms of a step (what calibration regresses on).
+
+    `flops` / `bytes`: the target + draft forward over the step's tokens; `passes`: draft
+    proposal passes (k when any sequence proposes); `pass_flops` / `pass_bytes`: one such
+    pass over every proposing sequence; `allreduce_bytes`: bytes of one all-reduce;
+    `kv_bytes` / `pass_kv_bytes`: the part of `bytes` / `pass_bytes` that is KV (paged
+    reads, which a CPU serves much slower than streaming weights: `kv_bandwidth`).
+    """
+
+    num_seqs: int
+    tokens: int
+    flops: float
+    bytes: float
+    passes: int
+    pass_flops: float
+    pass_bytes: float
+    allreduce_bytes: float
+    kv_bytes: float = 0.0
+    pass_kv_bytes: float = 0.0
+
+
+def step_terms(model: ModelSpec, seqs: Sequence[SeqShape]) -> StepTerms:
     tokens = sum(s.new for s in seqs)
     flops = 2.0 * model.active_params * tokens
     nbytes = model.weight_bytes(tokens)
+    kv = 0.0
     for kind in model.layers:
         f, b = _attention(kind, seqs)
         flops += f
-        nbytes += b
-    draft_s = 0.0
-    proposing = [s for s in seqs if s.proposals]
+        kv += b
+    passes, pass_flops, pass_bytes, pass_kv = 0, 0.0, 0.0, 0.0
     if model.draft is not None and model.draft_params:
         flops += 2.0 * model.draft_params * tokens
         f, b = _attention(model.draft, seqs)
         flops += f
-        nbytes += b
+        kv += b
+        proposing = [s for s in seqs if s.proposals]
         if proposing:
             passes = max(s.proposals for s in proposing)
             one = [SeqShape(s.start + s.new, 1) for s in proposing]
             df, db = _attention(model.draft, one)
-            dflops = 2.0 * model.draft_params * len(one) + df
-            dbytes = model.draft_params * model.dense_weight_bytes + db
-            draft_s = passes * (hw.draft_pass_overhead_s + _combine(hw, tp, dflops, dbytes))
+            pass_flops = 2.0 * model.draft_params * len(one) + df
+            pass_bytes = model.draft_params * model.dense_weight_bytes + db
+            pass_kv = db
+    return StepTerms(
+        len(seqs),
+        tokens,
+        flops,
+        nbytes + kv,
+        passes,
+        pass_flops,
+        pass_bytes,
+        tokens * model.hidden_size * 2.0,
+        kv,
+        pass_kv,
+    )
+
+
+def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqShape]) -> StepCost:
+    """The modelled duration of one step (the module docstring's formula)."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    t = step_terms(model, seqs)
+    one_pass = _combine(hw, tp, t.pass_flops, t.pass_bytes, t.pass_kv_bytes)
+    draft_s = t.passes * (hw.draft_pass_overhead_s + one_pass)
     allreduce_s = 0.0
     if tp > 1:
-        size = tokens * model.hidden_size * 2.0
-        per_call = 2.0 * (tp - 1) / tp * size / hw.interconnect_bandwidth + hw.allreduce_latency_s
-        allreduce_s = 2 * model.num_layers * per_call
+        ring = 2.0 * (tp - 1) / tp * t.allreduce_bytes / hw.interconnect_bandwidth
+        allreduce_s = 2 * model.num_layers * (ring + hw.allreduce_latency_s)
     seconds = (
         hw.step_overhead_s
-        + hw.per_sequence_overhead_s * len(seqs)
-        + _combine(hw, tp, flops, nbytes)
+        + hw.per_sequence_overhead_s * t.num_seqs
+        + _combine(hw, tp, t.flops, t.bytes, t.kv_bytes)
         + allreduce_s
         + draft_s
     )
-    return StepCost(flops, nbytes, allreduce_s, draft_s, seconds)
+    return StepCost(t.flops, t.bytes, allreduce_s, draft_s, seconds)
 
 
-def _combine(hw: HardwareSpec, tp: int, flops: float, nbytes: float) -> float:
+def _combine(hw: HardwareSpec, tp: int, flops: float, nbytes: float, kv: float) -> float:
     compute = flops / (tp * hw.peak_flops * hw.mfu)
-    memory = nbytes / (tp * hw.hbm_bandwidth * hw.mbu)
+    kv_bandwidth = hw.kv_bandwidth or hw.hbm_bandwidth
+    memory = (nbytes - kv) / (tp * hw.hbm_bandwidth * hw.mbu) + kv / (tp * kv_bandwidth * hw.mbu)
     return max(compute, memory) if hw.combine == "max" else compute + memory

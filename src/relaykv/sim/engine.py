@@ -36,6 +36,7 @@ class SimEngine:
         transport: Any = None,
     ) -> None:
         self.name = name
+        self.role = config.role
         self.executor = executor
         self.loop = loop
         self.engine = LLMEngine(executor, config)

@@ -45,6 +45,7 @@ class CostModelExecutor:
         self.acceptance_rate = acceptance_rate
         self._geometry = model.geometry(with_draft=num_speculative_tokens > 0)
         self._accepted_total = 0.0
+        self._span = max(1, model.vocab_size - 3)
         self.last_cost: StepCost | None = None
 
     @property
@@ -57,7 +58,7 @@ class CostModelExecutor:
 
     def _token(self, position: int) -> int:
         # A spread of ids that are never 0..2 (BOS/EOS-like specials of the presets).
-        return 3 + (position * 7919) % max(1, self.model.vocab_size - 3)
+        return 3 + (position * 7919) % self._span
 
     def execute(self, batch: StepBatch) -> StepOutput:
         shapes: list[SeqShape] = []

@@ -48,6 +48,8 @@ class HardwareSpec:
     per_sequence_overhead_s: float = 0.0
     allreduce_latency_s: float = 40e-6
     draft_pass_overhead_s: float = 0.3e-3
+    kv_bandwidth: float = 0.0  # bytes/s for KV reads and writes (0: hbm_bandwidth)
+    request_overhead_s: float = 1e-3  # one HTTP hop through the router to an engine
     combine: str = "max"
     # Engine defaults on this hardware: KV pool bytes per engine (0: memory * TP * 0.9 minus
     # the weights) and the scheduler's token budget per step.
@@ -87,6 +89,15 @@ def hardware_spec(name: str) -> HardwareSpec:
     return HardwareSpec(**{k: v for k, v in raw.items() if k in known})
 
 
+def calibrated_acceptance(name: str) -> float | None:
+    """The draft acceptance rate a calibration file measured (None for presets)."""
+    path = Path(name)
+    if name in HARDWARE or not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("acceptance_rate")
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A P->D path: bytes per second per engine NIC and fixed seconds per transfer."""
@@ -109,9 +120,16 @@ LINKS: dict[str, LinkSpec] = {
 
 
 def link_spec(name: str) -> LinkSpec:
-    """A preset name or a bandwidth in Gb/s (`--link 200`)."""
+    """A preset name, a bandwidth in Gb/s (`--link 200`), or a calibration file's link
+    (a hardware preset name falls back to `rdma`)."""
     if name in LINKS:
         return LINKS[name]
+    if name in HARDWARE:
+        return LINKS["rdma"]
+    path = Path(name)
+    if path.is_file():
+        raw = json.loads(path.read_text()).get("link")
+        return LinkSpec(**raw) if raw else LINKS["rdma"]
     try:
         gbps = float(name)
     except ValueError:

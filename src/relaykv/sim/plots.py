@@ -23,6 +23,9 @@ def plot_run(results: list[dict[str, Any]], path: Path, title: str) -> Path:
         xs = np.sort(np.asarray(r["ttfts_ms"]))
         if len(xs):
             ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=r["pd_policy"])
+    spread = [v for r in results for v in r["ttfts_ms"] if v > 0]
+    if spread and max(spread) > 100 * min(spread):
+        ax.set_xscale("log")  # cache hits and misses differ by orders of magnitude
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.02)
@@ -38,7 +41,7 @@ def plot_run(results: list[dict[str, Any]], path: Path, title: str) -> Path:
     )
     for i, (key, label) in enumerate(series):
         bx.bar(x + (i - 1) * 0.27, [r[key] for r in results], 0.27, label=label)
-    bx.set_xticks(x, names)
+    bx.set_xticks(x, names, rotation=15, fontsize=8)
     bx.set_ylabel("hit tokens")
     bx.set_title("prefix hits per policy")
     bx.legend(fontsize=8)

@@ -12,8 +12,9 @@ import re
 
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
+from relaykv.router.policy import ROUTING_MODES
 from relaykv.sim.cluster import ClusterSpec
-from relaykv.sim.hardware import HardwareSpec, LinkSpec
+from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.workload import (
     DATASETS,
@@ -61,9 +62,19 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-tp", type=int, default=1)
     g.add_argument("--num-prefill", type=int, default=1, help="0: colocated engines only")
     g.add_argument("--num-decode", type=int, default=1)
-    g.add_argument("--link", default="rdma", help="rdma, tcp-25g, tcp-100g, shm, or Gb/s")
+    g.add_argument(
+        "--link",
+        default=None,
+        help="rdma, tcp-25g, tcp-100g, shm, Gb/s, or a calibration file (default: the "
+        "--hardware file's link, else rdma)",
+    )
     g.add_argument("--speculative-tokens", type=int, default=0)
-    g.add_argument("--acceptance-rate", type=float, default=0.7)
+    g.add_argument(
+        "--acceptance-rate",
+        type=float,
+        default=None,
+        help="EAGLE acceptance rate (default: the calibration file's measured one, else 0.7)",
+    )
     g.add_argument("--pd-policy", default="all", choices=(*PD_POLICIES, "all"))
     pool = g.add_mutually_exclusive_group()
     pool.add_argument("--num-blocks", type=int, default=None, help="KV pool blocks per engine")
@@ -88,6 +99,19 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: the longest prompt + output of the workload",
     )
     g.add_argument("--retention", default="boundaries")
+    g.add_argument(
+        "--routing",
+        default="cache-aware",
+        choices=ROUTING_MODES,
+        help="the router's policy (relaykv router --routing; default cache-aware)",
+    )
+    g.add_argument(
+        "--prefill-prefix-caching",
+        default="on",
+        choices=("on", "off"),
+        help="off: prefill engines without prefix caching, the seed's baseline image "
+        "(docs/simulator.md)",
+    )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +218,8 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
+    if args.acceptance_rate is None:
+        args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
         parser.error("argument --acceptance-rate: must be in [0, 1]")
     k = args.speculative_tokens
@@ -224,4 +250,6 @@ def cluster_spec(
         num_blocks=blocks,
         scheduler=sched,
         retention=args.retention,
+        prefill_prefix_caching=args.prefill_prefix_caching == "on",
+        routing=args.routing,
     )

@@ -1,0 +1,115 @@
+"""Routing decisions per second and index memory per block (docs/routing.md "Cost").
+
+One decision = the router's whole work for one request and one role: hash the prompt once
+(`Prompt.request_for`), compute the usable hit on every engine of the role with kvcache's
+lookup over that engine's index, and let the cache-aware policy choose. The request has
+65,536 tokens; 8 engines each index 100,000 blocks (gpt-oss-like geometry: a full group with
+the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 of the prompt
+in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
+real work. Prefill engines are scored with the prefill cap, decode engines with the
+`per-group` plan's local reuse. Goal: >= 1,000 decisions/s.
+
+    python benchmarks/bench_router.py [--engines 8] [--blocks 100000] [--tokens 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+
+from relaykv.kvcache import preset
+from relaykv.router.backends import BackendPool
+from relaykv.router.index import EngineIndex
+from relaykv.router.routing import Prompt, Routing
+
+
+def build_indexes(role: str, engines: int, blocks: int, prompt: list[int]) -> list[EngineIndex]:
+    geometry = preset("gpt-oss-like")
+    rng = random.Random(0)
+    indexes = []
+    for i in range(engines):
+        index = EngineIndex(geometry, role, "per-group")
+        keys = [index.request(prompt).keys(g) for g in range(len(geometry.groups))]
+        per_group = blocks // len(geometry.groups)
+        for g, gmap in enumerate(index.maps):
+            held = keys[g][: len(keys[g]) * i // engines]
+            for key in held:
+                gmap[key] = 1
+            while len(gmap) < per_group:
+                gmap[rng.randbytes(16)] = 1
+        indexes.append(index)
+    return indexes
+
+
+def memory_per_block(blocks: int) -> float:
+    geometry = preset("gpt-oss-like")
+    rng = random.Random(1)
+    keys = [bytearray(rng.randbytes(16)) for _ in range(blocks)]
+    gc.collect()
+    tracemalloc.start()
+    index = EngineIndex(geometry)
+    for n, key in enumerate(keys):
+        index.maps[n % 2][bytes(key)] = 1  # keys arrive from the wire as new objects
+    current, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return current / blocks
+
+
+def decisions_per_s(
+    role: str, args: argparse.Namespace, prompt: list[int]
+) -> tuple[float, float, float]:
+    routing = Routing("cache-aware")
+    indexes = build_indexes(role, args.engines, args.blocks, prompt)
+    urls = [f"http://engine{i}" for i in range(args.engines)]
+    pool = BackendPool(role, urls)
+    for backend, index in zip(pool.backends, indexes, strict=True):
+        tracker = routing.tracker(backend)
+        tracker.index = index
+        tracker.subscriber = object()  # type: ignore[assignment]  # "following its events"
+    times, hash_times = [], []
+    chosen = None
+    for _ in range(args.repeat):
+        # Interleaved with the baseline (hashing the prompt alone), so both see the same load
+        # on a shared machine.
+        t0 = time.perf_counter()
+        chosen = routing.pick(pool, set(), Prompt(prompt))
+        t1 = time.perf_counter()
+        req = indexes[0].request(prompt)
+        req.keys(0), req.keys(1)
+        t2 = time.perf_counter()
+        times.append(t1 - t0)
+        hash_times.append(t2 - t1)
+    assert chosen is pool.backends[-1], "the engine holding the most of the prompt wins"
+    median = statistics.median(times)
+    return 1.0 / median, median * 1e3, statistics.median(hash_times) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--blocks", type=int, default=100_000, help="indexed blocks per engine")
+    parser.add_argument("--tokens", type=int, default=65_536)
+    parser.add_argument("--repeat", type=int, default=50)
+    args = parser.parse_args()
+    prompt = random.Random(2).choices(range(50_000), k=args.tokens)
+    print(
+        f"{args.engines} engines x {args.blocks:,} indexed blocks, {args.tokens:,}-token "
+        f"request, median of {args.repeat} (cpus: {os.cpu_count()})"
+    )
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'role':<9} {'decisions/s':>12} {'ms/decision':>12} {'hash-only ms':>13} {'ratio':>6}")
+    for role in ("prefill", "decode"):
+        rate, ms, base = decisions_per_s(role, args, prompt)
+        print(f"{role:<9} {rate:>12,.0f} {ms:>12.2f} {base:>13.2f} {ms / base:>6.1f}")
+    print(f"index memory: {memory_per_block(200_000):.0f} bytes per indexed block")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Predicted vs measured: `relaykv sim` against a real `relaykv up` + `relaykv bench serve`.
+
+For each workload: a real local P/D cluster (tiny-hybrid with its EAGLE draft, shm) runs
+`bench serve` while the engines' counters are read before and after; then the simulator,
+with a calibration file of this machine (`relaykv sim calibrate`, made first unless
+`--hardware FILE` is given), predicts the same run. Prints predicted vs measured mean
+TTFT, mean TPOT, output throughput and D's local hit tokens, with the relative error
+(docs/simulator.md "Validation"). The calibration's steps are not these runs.
+
+    .venv/bin/python benchmarks/sim_validate.py [--hardware FILE] [--output-dir DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from relaykv.bench.ab.cluster import ClusterProcess
+from relaykv.bench.engine_counters import counter_deltas, scrape_counters
+from relaykv.cli import main as relaykv
+
+METRICS = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput", "d_local_hit_tokens")
+WORKLOADS = {
+    "gsp 3x4 1024+32 out32 c4": [
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "3",
+        "--gsp-prompts-per-group",
+        "4",
+        "--gsp-system-prompt-len",
+        "1024",
+        "--gsp-question-len",
+        "32",
+        "--gsp-output-len",
+        "32",
+        "--max-concurrency",
+        "4",
+    ],
+    "gsp 4x6 2048+64 out64 c4": [
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "4",
+        "--gsp-prompts-per-group",
+        "6",
+        "--gsp-system-prompt-len",
+        "2048",
+        "--gsp-question-len",
+        "64",
+        "--gsp-output-len",
+        "64",
+        "--max-concurrency",
+        "4",
+    ],
+    "prefix_repetition 2048+64 out16 c2": [
+        "--dataset-name",
+        "prefix_repetition",
+        "--prefix-repetition-prefix-len",
+        "2048",
+        "--prefix-repetition-suffix-len",
+        "64",
+        "--prefix-repetition-num-prefixes",
+        "2",
+        "--prefix-repetition-output-len",
+        "16",
+        "--num-prompts",
+        "16",
+        "--max-concurrency",
+        "2",
+    ],
+}
+QUICK = {
+    "gsp 2x4 512+16 out16 c4": [
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "4",
+        "--gsp-system-prompt-len",
+        "512",
+        "--gsp-question-len",
+        "16",
+        "--gsp-output-len",
+        "16",
+        "--max-concurrency",
+        "4",
+    ]
+}
+
+
+def engine_flags(k: int, blocks: int, max_len: int) -> list[str]:
+    return [
+        "--speculative-tokens",
+        str(k),
+        "--num-blocks",
+        str(blocks),
+        "--max-model-len",
+        str(max_len),
+    ]
+
+
+def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> dict[str, Any]:
+    """One `relaykv up` cluster, one `bench serve` run, the engines' counter deltas."""
+    up = [sys.executable, "-m", "relaykv", "up", "--json", "--pd-policy", policy, *flags]
+    # Single-threaded engines, as calibration times the runner: on a shared machine OpenMP's
+    # spinning threads turn other processes' load into slowdowns of 10x and more.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    with ClusterProcess(up, out / "up.log") as cluster:
+        urls = cluster.urls
+        assert urls is not None
+        before = {r: asyncio.run(scrape_counters(getattr(urls, r))) for r in ("prefill", "decode")}
+        code = relaykv(
+            [
+                "bench",
+                "serve",
+                "--base-url",
+                urls.router,
+                "--ignore-eos",
+                "--disable-tqdm",
+                "--save-result",
+                "--result-dir",
+                str(out),
+                "--result-filename",
+                "real.json",
+                *workload,
+            ]
+        )
+        if code != 0:
+            raise RuntimeError(f"bench serve failed ({code})")
+        after = {r: asyncio.run(scrape_counters(getattr(urls, r))) for r in ("prefill", "decode")}
+    result = json.loads((out / "real.json").read_text())
+    delta = {r: counter_deltas(before[r], after[r]) for r in before}
+    result["d_local_hit_tokens"] = delta["decode"]["local_hit_tokens"] or 0
+    result["d_external_hit_tokens"] = delta["decode"]["external_hit_tokens"] or 0
+    result["p_local_hit_tokens"] = delta["prefill"]["local_hit_tokens"] or 0
+    result["d_kv_bytes_received"] = delta["decode"]["kv_bytes_received"] or 0
+    return result
+
+
+def sim_run(workload: list[str], flags: list[str], policy: str, hardware: str) -> dict[str, Any]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = relaykv(
+            [
+                "sim",
+                "--model",
+                "tiny-hybrid",
+                "--hardware",
+                hardware,
+                "--pd-policy",
+                policy,
+                "--json",
+                *flags,
+                *workload,
+            ]
+        )
+    if code != 0:
+        raise RuntimeError(f"relaykv sim failed ({code})")
+    return json.loads(buf.getvalue().strip().splitlines()[-1])[0]
+
+
+def compare(
+    workload: list[str],
+    hardware: str,
+    out: Path,
+    policy: str = "per-group",
+    k: int = 2,
+    blocks: int = 3000,
+    max_len: int = 4096,
+) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    flags = engine_flags(k, blocks, max_len)
+    real = real_run(workload, flags, policy, out)
+    sim = sim_run(workload, flags, policy, hardware)
+    rows = {}
+    for key in METRICS:
+        measured, predicted = float(real[key]), float(sim[key])
+        rows[key] = {
+            "measured": measured,
+            "predicted": predicted,
+            "error": predicted / measured - 1 if measured else 0.0,
+        }
+    return {"rows": rows, "real": real, "sim": sim}
+
+
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+    lines = ["| workload | metric | measured | predicted | error |", "|---|---|---|---|---|"]
+    for name, res in results.items():
+        for key, row in res["rows"].items():
+            lines.append(
+                f"| {name} | {key} | {row['measured']:.1f} | {row['predicted']:.1f} | "
+                f"{100 * row['error']:+.1f}% |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hardware", default=None, help="a calibration file (default: make one)")
+    parser.add_argument("--output-dir", default="results/sim_validate")
+    parser.add_argument("--quick", action="store_true")
+    opts = parser.parse_args()
+    out = Path(opts.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hardware = opts.hardware
+    if hardware is None:
+        hardware = str(out / "calibration.json")
+        relaykv(
+            [
+                "sim",
+                "calibrate",
+                "--model",
+                "tiny-hybrid",
+                "--speculative-tokens",
+                "2",
+                "--out",
+                hardware,
+            ]
+        )
+    results = {}
+    for i, (name, workload) in enumerate((QUICK if opts.quick else WORKLOADS).items()):
+        results[name] = compare(workload, hardware, out / f"w{i}")
+        print(markdown({name: results[name]}), flush=True)
+    (out / "validation.json").write_text(json.dumps(results, indent=1, default=str))
+    table = markdown(results)
+    (out / "validation.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
