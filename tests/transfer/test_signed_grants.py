@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from relaykv.engine import SamplingParams
-from relaykv.engine.params import InvalidRequest
+from relaykv.engine import InvalidRequest, SamplingParams
 from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.transfer.grant import GrantSigner
 
