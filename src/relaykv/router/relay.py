@@ -87,6 +87,9 @@ class Router:
             headers["content-type"] = "application/json"
             prompt = self.routing.prompt(body.data)
             try:
+                if prompt is None and self.client is not None and "messages" in body.data:
+                    prompt = await unless_disconnected(request, self.routing.chat_prompt(
+                        self.client, self.prefill, body.data, headers))
                 transfer, error = await unless_disconnected(
                     request, self._prefill(path, body, headers, prompt)
                 )
