@@ -61,6 +61,7 @@ class TransportOptions:
     chunk_bytes: int = 4 << 20
     window: int = 4
     staging_bytes: int = 64 << 20
+    link_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -69,6 +70,8 @@ class TransportOptions:
             raise ValueError("timeouts must be > 0")
         if self.chunk_bytes < 1 or self.window < 1 or self.staging_bytes < 1:
             raise ValueError("chunk_bytes, window and staging_bytes must be >= 1")
+        if self.link_gbps is not None and not self.link_gbps > 0:
+            raise ValueError(f"link_gbps must be > 0, got {self.link_gbps}")
 
 
 class KVTransport(ABC):
