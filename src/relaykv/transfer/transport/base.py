@@ -64,6 +64,7 @@ class TransportOptions:
     chunk_bytes: int = 4 << 20
     window: int = 4
     staging_bytes: int = 64 << 20
+    link_gbps: float | None = None
     # The cluster secret (auth.py); None: $RELAYKV_KV_SECRET_FILE's, else this process's own.
     secret: bytes | None = field(default=None, repr=False)
 
@@ -74,6 +75,8 @@ class TransportOptions:
             raise ValueError("timeouts must be > 0")
         if self.chunk_bytes < 1 or self.window < 1 or self.staging_bytes < 1:
             raise ValueError("chunk_bytes, window and staging_bytes must be >= 1")
+        if self.link_gbps is not None and not self.link_gbps > 0:
+            raise ValueError(f"link_gbps must be > 0, got {self.link_gbps}")
 
 
 class KVTransport(ABC):

@@ -80,6 +80,14 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds before a KV read fails (default 30)",
     )
+    group.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=None,
+        metavar="G",
+        help="tcp only: pace P's page sends like a G Gbit/s link between two hosts "
+        "(experiments on one machine; default: unpaced)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> TransportOptions:
@@ -88,6 +96,15 @@ def options_from_args(args: argparse.Namespace) -> TransportOptions:
         raise ValueError(f"--kv-transfer-port must be in 0..65535, got {args.kv_transfer_port}")
     if args.kv_transfer_timeout <= 0:
         raise ValueError(f"--kv-transfer-timeout must be > 0, got {args.kv_transfer_timeout}")
+    link = getattr(args, "kv_link_gbps", None)
+    if link is not None:
+        if not link > 0:
+            raise ValueError(f"--kv-link-gbps must be > 0, got {link}")
+        if getattr(args, "kv_transport", "tcp") != "tcp":
+            raise ValueError(
+                f"--kv-link-gbps paces the tcp transport only, not --kv-transport "
+                f"{args.kv_transport}"
+            )
     secret_file = getattr(args, "kv_secret_file", None)
     if secret_file:
         try:
@@ -98,6 +115,7 @@ def options_from_args(args: argparse.Namespace) -> TransportOptions:
         secret = None  # this process's own (library and test use; see auth.py)
     return TransportOptions(
         secret=secret,
+        link_gbps=link,
         host=args.kv_transfer_host,
         port=args.kv_transfer_port,
         timeout_s=args.kv_transfer_timeout,
