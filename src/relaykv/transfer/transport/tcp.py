@@ -63,10 +63,6 @@ class TcpSender(SenderPlane):
     def __init__(self, pacer: LinkPacer | None = None) -> None:
         self.pacer = pacer
 
-    def open_sink(self, sink: bytes) -> None:
-        if sink:
-            raise ValueError("the tcp transport takes no sink")
-
     def send_chunk(
         self,
         sink: Any,
