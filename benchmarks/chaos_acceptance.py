@@ -96,17 +96,30 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
+
+    def fresh(name: str) -> UpCluster:
+        for attempt in range(3):  # a free port taken by another process meanwhile: retry
+            try:
+                return UpCluster(ARGS, Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))).start()
+            except RuntimeError as exc:
+                print(f"[chaos] start {attempt + 1} failed: {str(exc)[-200:]}", flush=True)
+        raise SystemExit("could not start a cluster")
+
     for role in ("prefill", "decode"):
-        up = UpCluster(ARGS, Path(tempfile.mkdtemp(prefix=f"chaos-{role}-"))).start()
+        up = fresh(role)
         try:
             print(f"[chaos] kill -9 of a {role} engine under load ...", flush=True)
             results.append(asyncio.run(kill_under_load(up, role, args.requests,
                                                        args.concurrency, args.max_tokens)))
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "statuses"}),
+                  flush=True)
         finally:
             up.stop()
-    up = UpCluster(ARGS, Path(tempfile.mkdtemp(prefix="chaos-sigterm-"))).start()
+        (out / "chaos_acceptance.json").write_text(json.dumps(results, indent=1))
+    up = fresh("sigterm")
     print("[chaos] SIGTERM under load ...", flush=True)
     results.append(asyncio.run(sigterm_under_load(up, args.concurrency, 48)))
+    print(json.dumps({k: v for k, v in results[-1].items() if k != "statuses"}), flush=True)
     (out / "chaos_acceptance.json").write_text(json.dumps(results, indent=1))
     print(f"\n{'scenario':40} {'ok':>9} {'slowest s':>10} {'back s':>7}  leaks")
     for r in results:

@@ -144,3 +144,17 @@ async def test_client_disconnect_cancels_the_engine_call() -> None:
     assert cancelled.is_set()
     assert router.in_flight == 0
     assert [m["status"] for m in sent[1:] if m.get("type") == "http.response.start"] == [499]
+
+
+def test_a_text_prompt_the_tokenizer_cannot_take_is_routed_not_a_500() -> None:
+    """A lone surrogate reaches the engine (its 400 to give), never a router 500."""
+    from relaykv.router.policy import CacheAwareWeights
+    from relaykv.router.routing import Routing
+
+    class Refusing:
+        def encode(self, text: str, add_special_tokens: bool = True):
+            raise TypeError("TextInputSequence must be str")
+
+    routing = Routing("cache-aware", CacheAwareWeights())
+    routing._tokenizer = Refusing()
+    assert routing.prompt({"prompt": "\ud800"}) is None
