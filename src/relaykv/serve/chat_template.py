@@ -132,6 +132,18 @@ def message_text(content: Any) -> str:
     return "\n".join(parts)
 
 
+# The fallback as a chat template (what `relaykv tokenizer export` writes for models without
+# one): the same text as `fallback_prompt`, after the BOS string the encoder adds anyway.
+FALLBACK_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for p in m['content'] %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}{{ p['text'] }}{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}"
+    "{% if messages %}{{ '\\n' }}{% endif %}assistant:{% endif %}"
+)
+
+
 def fallback_prompt(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     lines = [f"{m['role']}: {message_text(m.get('content'))}" for m in messages]
     if add_generation_prompt:

@@ -11,8 +11,10 @@ their own).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -22,6 +24,9 @@ from relaykv.kvcache import Geometry
 from relaykv.serve.chat_template import ChatFormatter, find_chat_template
 from relaykv.serve.engine_factory import ModelInfo
 from relaykv.serve.options import EngineOptions, OptionError
+from relaykv.serve.tokenizer_export import ExportError, TokenizerExport, cached_export
+
+log = logging.getLogger("relaykv.serve")
 
 
 def load_for_serving(
@@ -59,7 +64,7 @@ def load_for_serving(
         eos = tuple(
             dict.fromkeys([*loaded.eos_token_ids, *(getattr(tokenizer, "eos_token_ids", ()) or ())])
         )
-        chat = ChatFormatter(tokenizer, find_chat_template(loaded.source), config.bos_token_id)
+        chat = chat_formatter(loaded)
         bar.update()
         bar.set_postfix_str("draft")
         draft = None
@@ -85,6 +90,7 @@ def load_for_serving(
         bar.update()
     finally:
         bar.close()
+    tokenizer_dir = serving_tokenizer_dir(loaded, chat, progress)
     params = sum(p.numel() for p in loaded.model.parameters())
     model = ModelInfo(
         name=loaded.name,
@@ -95,6 +101,7 @@ def load_for_serving(
         eos_token_ids=eos,
         bos_token_id=config.bos_token_id,
         chat=chat,
+        tokenizer_dir=tokenizer_dir,
         description=f"{params / 1e6:.1f}M parameters, {options.dtype}, loaded in "
         f"{time.monotonic() - started:.1f} s",
     )
@@ -111,3 +118,38 @@ def load_for_serving(
         )
 
     return model, layout.geometry, make_executor
+
+
+def chat_formatter(loaded: Any) -> ChatFormatter:
+    """The chat formatter of a loaded model: its stored template, else the plain fallback."""
+    config = loaded.config
+    return ChatFormatter(loaded.tokenizer, find_chat_template(loaded.source), config.bos_token_id)
+
+
+def tokenizer_export(loaded: Any, chat: ChatFormatter) -> TokenizerExport:
+    return TokenizerExport(
+        loaded.tokenizer, chat, loaded.config.max_position_embeddings or 0, loaded.source
+    )
+
+
+def serving_tokenizer_dir(loaded: Any, chat: ChatFormatter, progress: bool) -> str | None:
+    """The model's tokenizer as a Hugging Face directory in relaykv's cache directory
+    (written once per model file), for clients that need one (`--tokenizer DIR`)."""
+    from relaykv import __version__
+    from relaykv.model.loading.packaged import cache_dir
+
+    if loaded.tokenizer is None:
+        return None
+    source = Path(loaded.source)
+    key = {
+        "source": str(source.resolve()) if source.exists() else loaded.source,
+        "mtime": source.stat().st_mtime if source.is_file() else None,
+        "relaykv": __version__,
+        "template": chat.source.template if chat.source is not None else None,
+    }
+    try:
+        root = cache_dir() / "tokenizers" / loaded.name
+        return str(cached_export(tokenizer_export(loaded, chat), root, key))
+    except (ExportError, OSError) as exc:  # the server runs without it; the summary says why
+        log.warning("tokenizer export skipped: %s", exc)
+        return None
