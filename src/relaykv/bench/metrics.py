@@ -203,7 +203,7 @@ def concurrency_per_second_peak(successes: Sequence[RequestOutcome]) -> int:
         return 0
     first = min(o.start_time for o in successes)
     last = max(o.start_time + o.latency for o in successes)
-    buckets = np.zeros(int(math.ceil(last - first)) + 1, dtype=int)
+    buckets = np.zeros(math.ceil(last - first) + 1, dtype=int)
     for o in successes:
         begin, end = int(o.start_time - first), int(o.start_time + o.latency - first)
         buckets[begin : min(end + 1, len(buckets))] += 1
