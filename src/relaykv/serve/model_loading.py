@@ -11,6 +11,7 @@ their own).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -61,10 +62,17 @@ def load_for_serving(
         bar.set_postfix_str("tokenizer")
         config = loaded.config
         tokenizer = loaded.tokenizer
-        eos = tuple(
-            dict.fromkeys([*loaded.eos_token_ids, *(getattr(tokenizer, "eos_token_ids", ()) or ())])
-        )
         chat = chat_formatter(loaded)
+        eos = tuple(
+            dict.fromkeys(
+                [
+                    *loaded.eos_token_ids,
+                    *(getattr(tokenizer, "eos_token_ids", ()) or ()),
+                    *generation_config_eos(loaded.source),
+                    *turn_stop_ids(tokenizer, chat),
+                ]
+            )
+        )
         bar.update()
         bar.set_postfix_str("draft")
         draft = None
@@ -124,6 +132,26 @@ def chat_formatter(loaded: Any) -> ChatFormatter:
     """The chat formatter of a loaded model: its stored template, else the plain fallback."""
     config = loaded.config
     return ChatFormatter(loaded.tokenizer, find_chat_template(loaded.source), config.bos_token_id)
+
+
+def generation_config_eos(source: str) -> list[int]:
+    """`eos_token_id` of a model directory's generation_config.json (an id or a list), which
+    is where HF models list every token that ends a reply (Gemma-3: <eos> and <end_of_turn>)."""
+    path = Path(source) / "generation_config.json"
+    if not path.is_file():
+        return []
+    value = json.loads(path.read_text()).get("eos_token_id")
+    ids = value if isinstance(value, list) else [value]
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def turn_stop_ids(tokenizer: Any, chat: ChatFormatter) -> list[int]:
+    """Ids of the chat template's end-of-turn tokens (`TemplateSource.stop_tokens`)."""
+    model = getattr(tokenizer, "model", None)
+    if chat.source is None or model is None or not hasattr(model, "token_to_id"):
+        return []
+    ids = [model.token_to_id(text) for text in chat.source.stop_tokens]
+    return [i for i in ids if i is not None]
 
 
 def tokenizer_export(loaded: Any, chat: ChatFormatter) -> TokenizerExport:
