@@ -234,7 +234,7 @@ def test_shutdown_publishes_all_blocks_cleared_and_encoding_is_vllm_shaped() -> 
     time.sleep(0.3)
     publisher.sink(KVEvent("removed", 0, (b"x" * 16,)))
     publisher.shutdown()
-    frames = _receive(sub, 1)
+    frames = _receive(sub, publisher.published - 1)
     sub.close(0)
     ctx.term()
     raw = [msgspec.msgpack.decode(p) for _, p in frames]

@@ -21,6 +21,7 @@ measured by `benchmarks/bench_router.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywher
 from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
 from relaykv.kvcache.lookup import find_longest_hit
 from relaykv.kvcache.manager import prefill_hit_cap
+from relaykv.router.holders import KeyHolders, PromptCounts
 
 
 class _Event(msgspec.Struct, tag=True):
@@ -99,13 +101,27 @@ class EngineIndex:
     gaps: int = 0
     resets: int = 0
     events_dropped: int = 0  # malformed batches or events for unknown groups
+    holders: KeyHolders | None = None  # the router's shared decode-engine key map, if any
+    slot: int | None = None  # this engine's bit in `holders`
 
     def __post_init__(self) -> None:
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
+        if self.holders is not None and self.slot is None:
+            self.slot = self.holders.slot()
+
+    def close(self) -> None:
+        """Forget everything and give the holders slot back (the engine left the router)."""
+        self._clear()
+        if self.holders is not None and self.slot is not None:
+            self.holders.release(self.slot)
+            self.slot = None
 
     def _clear(self) -> None:
+        if self.holders is not None and self.slot is not None:
+            for group, gmap in enumerate(self.maps):
+                self.holders.discard(group, gmap, self.slot)
         for gmap in self.maps:
             gmap.clear()
 
@@ -153,9 +169,13 @@ class EngineIndex:
             if isinstance(ev, BlockStored):
                 for h in keys:
                     gmap[h] = _HELD
+                if self.holders is not None and self.slot is not None:
+                    self.holders.add(group, keys, self.slot)
             else:
                 for h in keys:
                     gmap.pop(h, None)
+                if self.holders is not None and self.slot is not None:
+                    self.holders.discard(group, keys, self.slot)
 
     # -- scoring -----------------------------------------------------------------------
     def usable_hit(self, req: CacheRequest) -> int:
@@ -177,7 +197,9 @@ class EngineIndex:
             cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
         return find_longest_hit(req, self.rules, self, cap).tokens
 
-    def hit_bound(self, req: CacheRequest) -> int:
+    def hit_bound(
+        self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
+    ) -> int:
         """A cheap upper bound of `usable_hit(req)`: in each full group, the first missing
         block among one probed per stride bounds the run kvcache's lookup would match from
         block 0; for a `per-group` decode engine, the count of blocks held in the full
@@ -190,7 +212,10 @@ class EngineIndex:
         if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group
-                held = sum(map(self.maps[rule.index].__contains__, req.keys(rule.index)))
+                if counts is not None and self.slot is not None:
+                    held = counts(rule.index).held(self.slot)  # shared with other engines
+                else:
+                    held = sum(map(self.maps[rule.index].__contains__, req.keys(rule.index)))
                 bound = min(bound, held * rule.block_size)
             return bound
         cap = n - 1
@@ -202,8 +227,8 @@ class EngineIndex:
             limit = min(cap // rule.block_size + rule.peek, len(keys))
             # The exact run of held blocks from block 0 ends at or before the first missing
             # block; probing one block in _BOUND_STRIDE finds one within a stride of it.
-            run = limit
-            for k in range(min(_BOUND_STRIDE, limit) - 1, limit, _BOUND_STRIDE):
+            run = max(0, limit)
+            for k in range(min(_BOUND_STRIDE, run) - 1, run, _BOUND_STRIDE) if run else ():
                 if keys[k] not in gmap:
                     run = k
                     break

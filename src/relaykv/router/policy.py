@@ -18,7 +18,8 @@ plus the engine's own queue, which also counts other routers' work). Engines who
 after taking the request would exceed `max_load_ratio` times the mean load (the new request
 included, and at least one request per engine) are skipped unless every engine is,
 so a hot prefix spreads: a usable hit is worth at most `hit_weight / load_weight` extra
-requests in flight. Ties go round robin.
+requests in flight. Scores within 0.005 of the best are ties: the engine whose cache holds
+the fewest blocks wins them (new prefixes spread over the caches), then round robin.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 ROUTING_MODES: tuple[str, ...] = ("cache-aware", "least-loaded", "round-robin")
-_EPS = 1e-9
+# Scores this close count as tied (round robin): a 1.7% difference in KV usage (kv_weight
+# 0.3) is noise from the last metrics scrape, while one block of a 2k-token prompt's hit
+# (0.7%) still counts.
+_EPS = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Candidate:
     in_flight: int = 0  # requests this router has in flight there
     waiting: int = 0  # the engine's own queue (its metrics; 0 when unknown)
     kv_usage: float = 0.0  # fraction of the engine's KV pool in use (0..1)
+    cached_blocks: int = 0  # blocks its index holds (a tie goes to the emptiest cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +139,11 @@ class CacheAwarePolicy(_Turns):
             hit = candidates[i].hit_tokens
             scores[i] = score(i, exact(i) if hit > 0 else 0)
             best = max(best, scores[i])
-        return self.tie(sorted(i for i, s in scores.items() if s >= best - _EPS))
+        tied = [i for i, s in scores.items() if s >= best - _EPS]
+        # New prefixes (no hit anywhere) go to the engine caching the least, so prefixes
+        # spread over the engines' caches; equal ones take turns.
+        fewest = min(candidates[i].cached_blocks for i in tied)
+        return self.tie(sorted(i for i in tied if candidates[i].cached_blocks == fewest))
 
 
 def make_policy(mode: str, weights: CacheAwareWeights | None = None) -> RoutingPolicy:

@@ -11,7 +11,8 @@ then judged on load alone) and its load, and lets the policy choose.
 
 Prompt tokens come from the request: a completion's token ids as sent, or its text encoded
 with the engine's own tokenizer (fetched once from `/v1/kv_cache_info/tokenizer`, loaded with
-`tokenizers`). Chat messages are routed on load alone (the chat template lives in the engine).
+`tokenizers`). Chat messages are tokenized by an engine's `POST /tokenize` (its own chat
+template), one round trip; if that fails the request is routed on load alone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +28,7 @@ import httpx
 
 from relaykv.kvcache import CacheRequest
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.holders import KeyHolders, PromptCounts
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
 from relaykv.router.policy import (
@@ -44,6 +47,16 @@ class Prompt:
     tokens: list[int]
     salt: str | None = None
     _requests: dict[Any, CacheRequest] = field(default_factory=dict)
+    _counts: dict[Any, PromptCounts] = field(default_factory=dict)
+
+    def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
+        """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
+        key = (index.geometry, group)
+        found = self._counts.get(key)
+        if found is None:
+            keys = self.request_for(index).keys(group)
+            found = self._counts[key] = PromptCounts(holders, group, keys)
+        return found
 
     def request_for(self, index: EngineIndex) -> CacheRequest:
         """One hashed request per geometry, shared by every engine that has it."""
@@ -79,6 +92,7 @@ class Routing:
         self.policies: dict[str, RoutingPolicy] = {}
         self.trackers: dict[str, EngineTracker] = {}
         self.peak_load_ratio: dict[str, float] = {}  # per role: max chosen load / mean load
+        self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
         self._tokenizer: Any = None
         self._tokenizer_info: dict[str, Any] | None = None
 
@@ -100,13 +114,42 @@ class Routing:
         if isinstance(raw, list) and raw and all(type(t) is int for t in raw):
             return Prompt(raw, salt)
         if isinstance(raw, str) and raw and self._tokenizer is not None:
-            ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
+            try:
+                ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
+            except (TypeError, ValueError):  # e.g. a lone surrogate: the engine's 400 to give
+                return None
             info = self._tokenizer_info or {}
             bos = info.get("bos_token_id")
             if info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
                 ids = [bos, *ids]
             return Prompt(list(ids), salt)
         return None
+
+    async def chat_prompt(
+        self,
+        client: httpx.AsyncClient,
+        pool: BackendPool,
+        body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> Prompt | None:
+        """A chat request's prompt tokens from an engine's `POST /tokenize` (the engine
+        applies its own chat template); None (load-only routing) when it cannot answer."""
+        if self.mode != "cache-aware" or not isinstance(body.get("messages"), list):
+            return None
+        backend = next((b for b in pool.backends if b.healthy), None)
+        if backend is None:
+            return None
+        try:
+            resp = await client.post(
+                f"{backend.url}/tokenize", json=body, headers=headers, timeout=5.0
+            )
+            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
+            return None
+        salt = body.get("cache_salt")
+        return Prompt(tokens, salt if isinstance(salt, str) else None)
 
     # -- choice ------------------------------------------------------------------------
     def pick(self, pool: BackendPool, tried: set[Backend], prompt: Prompt | None) -> Backend | None:
@@ -122,7 +165,10 @@ class Routing:
             t = self.tracker(b)
             index = t.index if prompt is not None and t.subscriber is not None else None
             indexes.append(index)
-            bound = index.hit_bound(prompt.request_for(index)) if prompt and index else 0
+            bound = 0
+            if prompt is not None and index is not None:
+                counts = partial(prompt.counts, self.holders, index)
+                bound = index.hit_bound(prompt.request_for(index), counts)
             candidates.append(
                 Candidate(
                     hit_tokens=bound,
@@ -130,6 +176,7 @@ class Routing:
                     in_flight=b.in_flight,
                     waiting=t.waiting,
                     kv_usage=t.kv_usage,
+                    cached_blocks=index.num_blocks if index is not None else 0,
                 )
             )
         exact: dict[int, int] = {}
@@ -188,6 +235,8 @@ class Routing:
         if t.subscriber is not None:
             await t.subscriber.stop()
             t.subscriber = None
+        if t.index is not None:
+            t.index.close()
         t.instance = info.get("instance")
         try:
             geometry = geometry_from_json(info.get("geometry") or {})
@@ -195,10 +244,12 @@ class Routing:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
             t.index = None
             return
+        role = str(info.get("role", "colocated"))
         t.index = EngineIndex(
             geometry,
-            str(info.get("role", "colocated")),
+            role,
             str(info.get("pd_policy", "per-group")),
+            holders=self.holders if role == "decode" else None,
         )
         events = info.get("kv_events")
         if self.mode != "cache-aware" or not isinstance(events, dict):

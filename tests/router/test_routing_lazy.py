@@ -1,0 +1,60 @@
+"""The router's lazy choice (cheap bounds, exact lookups only where a bound can win) makes
+the same decision as scoring every engine exactly, and the bounds never undercount."""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+
+import pytest
+
+from relaykv.router.backends import BackendPool
+from relaykv.router.index import EngineIndex
+from relaykv.router.policy import CacheAwarePolicy, Candidate
+from relaykv.router.routing import Prompt, Routing
+from tests.kvcache.conftest import geometry, tokens
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
+def test_lazy_choice_equals_full_evaluation(role: str) -> None:
+    rng = random.Random(role)
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    systems = [tokens(rng.randrange(64, 400), seed=s) for s in range(4)]
+    for trial in range(40):
+        routing = Routing("cache-aware")
+        pool = BackendPool(role, [f"http://e{i}" for i in range(5)])
+        indexes = []
+        for b in pool.backends:
+            index = EngineIndex(geo, role, holders=routing.holders if role == "decode" else None)
+            # Hold random parts of random prefixes, as evictions leave them.
+            for _ in range(rng.randrange(0, 3)):
+                req = index.request(systems[rng.randrange(4)] + tokens(40, seed=trial))
+                for g, gmap in enumerate(index.maps):
+                    keys = req.keys(g)
+                    cut = rng.randrange(len(keys) + 1)
+                    drop = {rng.randrange(len(keys) + 1) for _ in range(rng.randrange(3))}
+                    held = [k for i, k in enumerate(keys[:cut]) if i not in drop]
+                    for key in held:
+                        gmap[key] = 1
+                    if index.slot is not None:
+                        routing.holders.add(g, held, index.slot)
+            t = routing.tracker(b)
+            t.index, t.subscriber = index, object()  # type: ignore[assignment]
+            b.in_flight = rng.randrange(3)
+            indexes.append(index)
+        prompt_tokens = systems[rng.randrange(4)] + tokens(rng.randrange(1, 50), seed=999)
+        if trial % 10 == 0:
+            prompt_tokens = prompt_tokens[: rng.randrange(1, 40)]  # shorter than a block or two
+        prompt = Prompt(prompt_tokens)
+        exact = [ix.usable_hit(prompt.request_for(ix)) for ix in indexes]
+        for ix, hit in zip(indexes, exact, strict=True):
+            counts = partial(prompt.counts, routing.holders, ix)
+            assert ix.hit_bound(prompt.request_for(ix), counts) >= hit
+        full = CacheAwarePolicy().choose(
+            [
+                Candidate(h, len(prompt_tokens), b.in_flight, cached_blocks=ix.num_blocks)
+                for h, b, ix in zip(exact, pool.backends, indexes, strict=True)
+            ]
+        )
+        chosen = routing.pick(pool, set(), Prompt(prompt_tokens))
+        assert chosen is pool.backends[full], (trial, exact)

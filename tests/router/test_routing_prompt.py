@@ -1,0 +1,67 @@
+"""The router's prompt tokens equal the engine's: ids as sent, text through the exported
+tokenizer (tiny-hybrid's byte tokenizer as `tokenizers` JSON), salt kept."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+
+from relaykv.model.loading.tokenizer import ByteTokenizer
+from relaykv.router.routing import Routing
+from relaykv.serve.kv_cache_info import byte_tokenizer_json
+
+
+def test_byte_tokenizer_export_encodes_like_the_engine() -> None:
+    exported = Tokenizer.from_str(byte_tokenizer_json(ByteTokenizer.OFFSET))
+    engine = ByteTokenizer()
+    for text in ("hello world", " a  b\n\tc", "héllo ☃ 日本語", "x" * 300):
+        assert [engine.BOS, *exported.encode(text).ids] == engine.encode(text)
+
+
+def test_prompt_tokens_from_ids_text_and_salt() -> None:
+    routing = Routing("cache-aware")
+    assert routing.prompt({"prompt": [5, 6, 7]}).tokens == [5, 6, 7]  # type: ignore[union-attr]
+    assert routing.prompt({"prompt": [[5, 6]]}).tokens == [5, 6]  # type: ignore[union-attr]
+    assert routing.prompt({"prompt": "hi"}) is None  # no tokenizer yet: load-only
+    routing._tokenizer = Tokenizer.from_str(byte_tokenizer_json(ByteTokenizer.OFFSET))
+    routing._tokenizer_info = {"bos_token_id": 1, "add_bos": True}
+    prompt = routing.prompt({"prompt": "hé", "cache_salt": "tenant"})
+    assert prompt is not None and prompt.tokens == ByteTokenizer().encode("hé")
+    assert prompt.salt == "tenant"
+    for body in (
+        {"messages": [{"role": "user", "content": "x"}]},
+        {"prompt": []},
+        {"prompt": [1, "a"]},
+        {"prompt": [True]},
+    ):
+        assert routing.prompt(body) is None
+    assert Routing("least-loaded").prompt({"prompt": [1, 2]}) is None
+
+
+async def test_chat_prompt_through_the_engines_tokenize() -> None:
+    import httpx
+
+    from relaykv.router.backends import BackendPool
+
+    seen: list[dict] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        import json
+
+        seen.append(json.loads(request.content))
+        if request.url.path != "/tokenize":
+            return httpx.Response(404)
+        if seen[-1].get("continue_final_message"):
+            return httpx.Response(400, json={"error": {"message": "no"}})
+        return httpx.Response(200, json={"tokens": [1, 9, 9, 4], "count": 4})
+
+    pool = BackendPool("prefill", ["http://p0"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "t"}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        prompt = await Routing("cache-aware").chat_prompt(client, pool, body, {})
+        assert prompt is not None and prompt.tokens == [1, 9, 9, 4] and prompt.salt == "t"
+        bad = {**body, "continue_final_message": True}
+        assert await Routing("cache-aware").chat_prompt(client, pool, bad, {}) is None
+        assert await Routing("least-loaded").chat_prompt(client, pool, body, {}) is None
+        pool.backends[0].healthy = False
+        assert await Routing("cache-aware").chat_prompt(client, pool, body, {}) is None
+    assert seen[0]["messages"] == body["messages"]
