@@ -13,6 +13,10 @@ Rows (tokens per second, higher is better; ratio = relaykv / transformers):
 Decode times exclude prefill: transformers' decode time is generate(n + 1) - generate(1).
 Before timing, the transformers model must reproduce our logits (same weights, same math).
 Writes a table to stdout, a PNG (`--out`) and the numbers as JSON next to it.
+
+`--device cuda|cpu` runs `bench_model_device.py` instead: Gemma-3-270M shapes with random
+weights on that device, prefill at 1k/8k/32k and decode at batch 1/16/64 with their
+roofline ratios, printed as one JSON line (what `tools/gpu_check.sh` runs).
 """
 
 from __future__ import annotations
@@ -218,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_model.png"))
+    import bench_model_device  # this directory is on sys.path when run as a script
+
+    bench_model_device.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.device is not None:
+        # Gemma-3-270M shapes on one device, roofline, one JSON line (tools/gpu_check.sh).
+        return bench_model_device.main(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     rows: list[dict] = []

@@ -23,6 +23,24 @@ def test_demo_runs_cache_probe_then_legacy_vs_per_group(monkeypatch, tmp_path) -
     assert "tiny-hybrid" in ab[ab.index("--up-cmd") + 1]
 
 
+def test_gemma_demo_runs_with_its_draft_then_a_link_shaped_ab(monkeypatch, tmp_path) -> None:
+    import relaykv.model
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(relaykv.model, "is_installed", lambda name: name == "gemma3-270m")
+    assert demo.run(argparse.Namespace(quick=False, output_dir=str(tmp_path))) == 0
+    probe, ab, link = calls
+    assert probe[probe.index("--draft") + 1] == "0"  # the draft layer's group
+    up = ab[ab.index("--up-cmd") + 1]
+    assert "gemma3-270m" in up and "--speculative-tokens 1" in up
+    assert "--probe" in ab and "--probe" not in link
+    assert "legacy=--pd-policy legacy --kv-transport tcp --kv-link-gbps 10" in link
+    assert "per-group=--pd-policy per-group --kv-transport tcp --kv-link-gbps 10" in link
+    assert link[link.index("--groups") + 1].startswith("c1/output1:")
+    assert link[link.index("--output-dir") + 1].endswith("link-10gbps")
+
+
 def test_demo_falls_back_to_tiny_hybrid_without_gemma(monkeypatch) -> None:
     import relaykv.model
 

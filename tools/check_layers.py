@@ -16,6 +16,7 @@ ALLOWED = {
     "kvcache": set(),
     "model": {"kvcache"},
     "engine": {"kvcache"},
+    "distill": {"kvcache", "model", "engine"},
     "transfer": {"kvcache", "engine", "model"},
     "router": {"kvcache"},
     "serve": {"kvcache", "engine", "model", "transfer"},

@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
     "bench": ("relaykv.bench.cli", "bench serve: load generator; bench ab: A/B/A runs"),
     "probe": ("relaykv.bench.probe.cli", "P/D prefix-cache probe: x+a, x+b; decode hit counters"),
+    "distill-draft": (
+        "relaykv.distill.cli",
+        "train an EAGLE draft for a model on its own greedy text (resumable)",
+    ),
     "generate": ("relaykv.model.generate_cli", "offline generation (tiny-hybrid by default)"),
     "router": ("relaykv.router.cli", "P/D router in front of prefill and decode engines"),
     "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),

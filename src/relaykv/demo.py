@@ -6,9 +6,14 @@
    c8/output128 -> fewer requests and tokens) for `legacy` against `per-group`, each on a fresh
    local P/D cluster (`relaykv up`), with the seed's probe (x+a, x+b) run on each cluster first.
    It ends with the table and the paths of the plots.
+3. (Gemma) the same A/B/A on c1/output1 over the link-shaped tcp transport
+   (`--kv-transport tcp --kv-link-gbps 10`): what per-group's byte savings are worth in time
+   between two hosts on 10 GbE (docs/transports.md).
 
 The real model is Gemma-3-270M from its PyPI package (a true hybrid: 5 sliding : 1 full,
-W=512); `--quick`, or a machine without the package, uses the embedded tiny-hybrid.
+W=512) with its shipped EAGLE draft (`relaykv.model.drafts`; the seed's setting: a hybrid
+model with a draft); `--quick`, or a machine without the package, uses the embedded
+tiny-hybrid with its draft.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ class DemoScale:
     prefix_len: int
     groups: tuple[str, ...]
     geometry_flags: tuple[str, ...]  # the model's KV geometry, for cache-probe
+    link_groups: tuple[str, ...] = ()  # groups of the link-shaped A/B/A (none: skipped)
 
 
-# Sized so the demo takes about 1 minute (tiny-hybrid) or 8 (Gemma) on 2 cores.
+# Sized so the demo takes about 1 minute (tiny-hybrid) or 12 (Gemma) on 2 cores; group sizes
+# keep the A1/A2 spread of mean TTFT under 10 % (README).
+LINK_FLAGS = "--kv-transport tcp --kv-link-gbps 10"
 QUICK = DemoScale(
     "tiny-hybrid",
     "--speculative-tokens 2 --num-blocks 2000 --max-model-len 6144",
@@ -42,11 +50,13 @@ QUICK = DemoScale(
 )
 REAL = DemoScale(
     "gemma3-270m",
-    "--num-blocks 2400 --max-model-len 4096",
+    "--speculative-tokens 1 --num-blocks 2400 --max-model-len 4096",
     3072,
     ("c1/output1:4", "c8/output1:16", "c8/output128:16"),
-    # Gemma-3-270M as the engine groups it: 3 full layers, 5 page-balanced sliding groups.
-    ("--groups", "full:16," + ",".join(["sliding:16:512"] * 5), "--draft", "none"),
+    # Gemma-3-270M as the engine groups it: 3 full layers + the EAGLE draft layer (group 0,
+    # marked draft), 5 page-balanced sliding groups.
+    ("--groups", "full:16," + ",".join(["sliding:16:512"] * 5), "--draft", "0"),
+    ("c1/output1:8",),
 )
 
 
@@ -85,36 +95,49 @@ def run(args: argparse.Namespace) -> int:
     probe_len = str(scale.prefix_len + 16)  # the probe's x+a below
     relaykv(["cache-probe", *scale.geometry_flags, "--prompt-len", probe_len])
 
-    say("2/2 A/B/A: legacy vs per-group on fresh local P/D clusters, probe first")
-    up = f"{shlex.quote(sys.executable)} -m relaykv up --model {scale.model} {scale.extra_flags}"
-    code = relaykv(
-        [
-            "bench",
-            "ab",
-            "--configs",
-            "legacy=--pd-policy legacy",
-            "per-group=--pd-policy per-group",
-            "--up-cmd",
-            up,
-            "--groups",
-            *scale.groups,
-            "--prefix-len",
-            str(scale.prefix_len),
-            "--suffix-len",
-            "64",
-            "--probe",
-            "--probe-prefix-len",
-            str(scale.prefix_len),
-            "--output-dir",
-            str(out),
-        ]
-    )
+    steps = 3 if scale.link_groups else 2
+    say(f"2/{steps} A/B/A: legacy vs per-group on fresh local P/D clusters (shm), probe first")
+    code = relaykv(_ab_argv(scale, out, scale.groups, "", probe=True))
     if code != 0:
         say(f"the A/B/A run failed (exit status {code}); cluster logs are in {out}")
         return code
+    tables = [out / "ab_table.md"]
+    if scale.link_groups:
+        link_out = out / "link-10gbps"
+        say(f"3/3 the same over a 10 Gbit/s link-shaped tcp transport ({LINK_FLAGS})")
+        code = relaykv(_ab_argv(scale, link_out, scale.link_groups, LINK_FLAGS, probe=False))
+        if code != 0:
+            say(f"the link A/B/A failed (exit status {code}); cluster logs are in {link_out}")
+            return code
+        tables.append(link_out / "ab_table.md")
     minutes = (time.monotonic() - started) / 60
     say(
-        f"done in {minutes:.1f} min. Table: {out / 'ab_table.md'}; plots: "
+        f"done in {minutes:.1f} min. Tables: {', '.join(map(str, tables))}; plots: "
         f"{out / 'ttft_distribution.png'}, {out / 'hit_tokens.png'}, {out / 'kv_bytes.png'}"
     )
     return 0
+
+
+def _ab_argv(
+    scale: DemoScale, out: Path, groups: tuple[str, ...], transport: str, probe: bool
+) -> list[str]:
+    up = f"{shlex.quote(sys.executable)} -m relaykv up --model {scale.model} {scale.extra_flags}"
+    flags = f" {transport}" if transport else ""
+    argv = [
+        "bench",
+        "ab",
+        "--configs",
+        f"legacy=--pd-policy legacy{flags}",
+        f"per-group=--pd-policy per-group{flags}",
+        "--up-cmd",
+        up,
+        "--groups",
+        *groups,
+        "--prefix-len",
+        str(scale.prefix_len),
+        "--suffix-len",
+        "64",
+    ]
+    if probe:
+        argv += ["--probe", "--probe-prefix-len", str(scale.prefix_len)]
+    return [*argv, "--output-dir", str(out)]

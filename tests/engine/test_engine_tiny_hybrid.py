@@ -26,10 +26,8 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def draft():
-    from relaykv.model.eagle_distill import tiny_hybrid_draft
-
-    return tiny_hybrid_draft(progress=False)
+def draft(tiny):
+    return model.default_draft("tiny-hybrid", tiny.config)
 
 
 def alone(tiny, prompt: list[int], max_tokens: int) -> list[int]:

@@ -18,10 +18,10 @@ def tiny() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def tiny_draft():
-    from relaykv.model.eagle_distill import tiny_hybrid_draft
+def tiny_draft(tiny: LoadedModel):
+    from relaykv.model import default_draft
 
-    return tiny_hybrid_draft(progress=False)
+    return default_draft("tiny-hybrid", tiny.config)
 
 
 class TableMaker:

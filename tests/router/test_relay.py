@@ -68,7 +68,8 @@ async def test_two_hops_prefill_then_decode() -> None:
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "decoded"
     (p_url, p_body), (d_url, d_body) = engines.calls
     assert (p_url, d_url) == (P1, D1)
-    assert p_body["max_tokens"] == 1 and not p_body["stream"] and p_body["stream_options"] is None
+    # P validates the client's max_tokens as D will (and generates one token anyway)
+    assert p_body["max_tokens"] == 5 and not p_body["stream"] and p_body["stream_options"] is None
     assert p_body["kv_transfer_params"] == {"do_remote_decode": True}
     assert d_body["kv_transfer_params"] == TRANSFER and d_body["max_tokens"] == 5
 

@@ -24,8 +24,9 @@ from relaykv.transfer.transport import (
     get_transport,
     wire,
 )
+from relaykv.transfer.transport.auth import MessageAuth, default_secret
 from relaykv.transfer.transport.registry import transport_class
-from relaykv.transfer.transport.shm import ShmSink
+from relaykv.transfer.transport.shm import ShmRegistration
 from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
 
 from .conftest import LAYOUT, OPTIONS, SEED, transport_params
@@ -157,6 +158,16 @@ def raw_reader(server) -> zmq.Socket:
     return sock
 
 
+def cluster_codec() -> wire.Codec:
+    """A codec holding the cluster secret (a member of the cluster, not an outsider)."""
+    return wire.Codec(MessageAuth(default_secret()))
+
+
+def read_msg(tid: str, rid: str, pages: list, reader: str, sink: bytes = b"", window: int = 1,
+             timeout_s: float = 2.0) -> wire.Read:
+    return wire.Read(tid, rid, pages, sink, window, timeout_s, reader, time.time())
+
+
 @pytest.mark.parametrize(
     "name, slots",
     [
@@ -170,12 +181,14 @@ def test_shm_server_only_opens_staging_areas(name: str, slots: list[int]) -> Non
     sock = raw_reader(server)
     try:
         server.allow("r", {0: [1]}, time.monotonic() + 30)
-        codec = wire.Codec()
-        sink = msgspec.msgpack.encode(ShmSink(name, 16384, slots))
-        sock.send(codec.encode(wire.Read("t1", "r", [(0, 1, 2, 8192)], sink, 1, 2.0)))
+        codec = cluster_codec()
+        registration = msgspec.msgpack.encode(ShmRegistration(name, 16384))
+        sock.send_multipart(codec.to_server(wire.Register("evil", registration)))
+        sink = msgspec.msgpack.encode({"slots": slots})
+        sock.send_multipart(codec.to_server(read_msg("t1", "r", [(0, 1, 2, 8192)], "evil", sink)))
         assert sock.poll(5000)
-        reply = codec.decode_to_client(sock.recv())
-        assert isinstance(reply, wire.Refused) and "unusable destination" in reply.reason
+        reply = codec.decode_to_client(*sock.recv_multipart())
+        assert isinstance(reply, wire.Refused) and "has not registered" in reply.reason
     finally:
         sock.close(0)
         client.close()
@@ -188,9 +201,12 @@ def test_reader_that_never_credits_does_not_stall_others() -> None:
     try:
         server.allow("greedy", {0: list(range(1, 11))}, time.monotonic() + 30)
         server.allow("polite", {0: [20]}, time.monotonic() + 30)
-        codec = wire.Codec()
+        codec = cluster_codec()
         pages = [(0, b, b + 20, 8192) for b in range(1, 11)]
-        sock.send(codec.encode(wire.Read("t-greedy", "greedy", pages, b"", 1, 0.5)))
+        sock.send_multipart(codec.to_server(wire.Register("greedy", b"")))
+        sock.send_multipart(
+            codec.to_server(read_msg("t-greedy", "greedy", pages, "greedy", timeout_s=0.5))
+        )
         assert sock.poll(5000)  # the first chunk arrives, and then nothing: no credit
         client.read(server.descriptor, "polite", [PageCopy(0, 20, 40, 8192)], timeout_s=5)
         assert np.array_equal(dst[40], src[20])

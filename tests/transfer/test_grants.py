@@ -109,3 +109,18 @@ def test_release_gives_up_after_wait() -> None:
     grant = grants.check_read("r", [PageCopy(0, 1, 5, 1024)])
     grants.begin(grant)
     assert grants.release("r", wait_s=0.05) is False
+
+
+def test_a_grant_is_read_by_one_engine_only() -> None:
+    grants, _ = table()
+    page = [PageCopy(0, 3, 5, 1024)]
+    grants.allow("r", {0: [3]}, 200.0)
+    grants.check_read("r", page, "D1")  # the first reader binds the grant
+    grants.check_read("r", page, "D1")
+    with pytest.raises(TransferRefused, match="granted to engine 'D1'"):
+        grants.check_read("r", page, "D2")
+    grants.allow("named", {0: [3]}, 200.0, reader="D2")  # the request named its destination
+    with pytest.raises(TransferRefused, match="granted to engine 'D2'"):
+        grants.check_read("named", page, "D1")
+    grants.check_read("named", page, "D2")
+    grants.check_invariants()

@@ -126,8 +126,9 @@ def test_failed_transfers_recompute_or_fail_and_leak_nothing(failure: str, on_fa
         params = pair.prefill("f", prompt)
         if failure == "unreachable":
             source = dict(params["source"])
-            source["port"] = 1  # nothing listens there
+            source["port"] = 1  # nothing listens there (re-signed: P's grant names its port)
             params = {**params, "source": KVSourceDescriptor.from_dict(source).to_dict()}
+            params = pair.p.connector.signer.sign(params, 30.0)
         else:
             pair.p.connector.server.inject(FAULTS[failure])
         pair.decode("f", prompt, params, 6)

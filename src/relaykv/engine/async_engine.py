@@ -91,7 +91,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine is shutting down")
         if request_id in self._queues:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
-        self.engine.validate(prompt_ids, params, kv_transfer_params)
+        self.engine.validate(prompt_ids, params, kv_transfer_params, cache_salt)
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = stream
         self._send("add", (request_id, list(prompt_ids), params, cache_salt, kv_transfer_params))

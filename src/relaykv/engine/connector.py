@@ -12,6 +12,7 @@ connector itself, after the read or on lease expiry, never by the scheduler.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from relaykv.engine.request import Request
@@ -19,8 +20,11 @@ from relaykv.kvcache import KVLoad
 
 
 class KVConnector(Protocol):
-    def validate(self, params: dict[str, Any]) -> None:
-        """Raise ValueError for `kv_transfer_params` this engine cannot act on."""
+    def validate(
+        self, params: dict[str, Any], prompt_ids: Sequence[int], cache_salt: str | None = None
+    ) -> None:
+        """Raise ValueError for `kv_transfer_params` this engine cannot act on, including
+        parameters not issued for exactly this prompt (and salt)."""
         ...
 
     def prefill_finished(self, request: Request) -> dict[str, Any] | None:

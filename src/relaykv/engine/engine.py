@@ -86,6 +86,7 @@ class LLMEngine:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         kv_transfer_params: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Raise `InvalidRequest` for anything the engine cannot serve (changes nothing)."""
         if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
@@ -115,8 +116,10 @@ class LLMEngine:
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{len(prompt_ids)}",
             )
+        # A prefill engine (do_remote_decode) checks the client's max_tokens as the decode
+        # engine will, so what D would refuse is refused before any compute (docs/pd.md).
         remote_decode = bool(kv_transfer_params and kv_transfer_params.get("do_remote_decode"))
-        if len(prompt_ids) + (1 if remote_decode else params.max_tokens) > limit:
+        if len(prompt_ids) + params.max_tokens > limit:
             raise InvalidRequest(
                 "max_tokens",
                 f"this model's maximum context length is {limit} tokens; {len(prompt_ids)} "
@@ -130,7 +133,7 @@ class LLMEngine:
                 raise InvalidRequest("kv_transfer_params", "this engine is not part of a P/D pair")
             if self.connector is not None:
                 try:
-                    self.connector.validate(kv_transfer_params)
+                    self.connector.validate(kv_transfer_params, prompt_ids, cache_salt)
                 except (ValueError, TypeError, KeyError) as exc:
                     raise InvalidRequest("kv_transfer_params", str(exc)) from exc
 
@@ -146,7 +149,7 @@ class LLMEngine:
     ) -> Request:
         if request_id in self.requests:
             raise InvalidRequest("request_id", f"request id {request_id!r} is already running")
-        self.validate(prompt_ids, params, kv_transfer_params)
+        self.validate(prompt_ids, params, kv_transfer_params, cache_salt)
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             # A prefill engine produces exactly one token; the decode engine does the rest.
             params = dataclasses.replace(params, max_tokens=1, min_tokens=0)

@@ -1,4 +1,8 @@
-"""`relaykv up`: a local P/D cluster (prefill, decode, router) on this machine.
+"""`relaykv up`: a local P/D cluster (prefill, decode, router) on this machine, supervised.
+
+It generates the cluster's KV transfer secret (or takes `--kv-secret-file`) and hands it and
+the API key to every member through the environment, never argv (docs/security.md); restarts
+dead members (supervisor.py); and on SIGTERM drains in order (cluster.py).
 
 Engine flags not listed here (`--max-model-len`, `--kv-cache-memory`, `--num-blocks`,
 `--block-size`, `--retention`, `--speculative-tokens`, `--draft-model`, `--seed`, ...) are
@@ -9,12 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 from relaykv.launch.cluster import Cluster, ClusterError
+from relaykv.launch.supervisor import RestartPolicy, Supervisor
+from relaykv.private_files import API_KEY_ENV, PrivateFileError, resolve_api_key
+from relaykv.serve.pd_wiring import (
+    KV_SECRET_ENV,
+    clean_stale_shared_memory,
+    load_kv_secret,
+    new_kv_secret,
+)
 
 FORWARDS_UNKNOWN_FLAGS = True
 
@@ -32,7 +46,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "on every engine's KV events")
     parser.add_argument("--host", default="127.0.0.1", help="address every member binds")
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free one)")
-    parser.add_argument("--api-key", default=None, help="required by the router and engines")
+    parser.add_argument("--api-key", default=None,
+                        help="required by the router and engines (visible on a command line: "
+                        "prefer --api-key-file or $RELAYKV_API_KEY)")
+    parser.add_argument("--api-key-file", default=None,
+                        help="file (mode 0600) holding the API key (default $RELAYKV_API_KEY_FILE)")
+    parser.add_argument("--kv-secret-file", default=None,
+                        help="the cluster's KV transfer secret (mode 0600); default: a fresh "
+                        "one in a private temp dir, removed when `up` exits")
+    parser.add_argument("--max-restarts", type=int, default=5,
+                        help="a member that dies more often than this within --restart-window "
+                        "stops the cluster (default 5)")
+    parser.add_argument("--restart-window", type=float, default=60.0, help="seconds (default 60)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="on SIGTERM, seconds in-flight requests may take to finish "
+                        "(default 60)")
+    parser.add_argument("--prefill-timeout", type=float, default=120.0,
+                        help="the router's deadline for one prefill call before it tries "
+                        "another prefill engine (default 120)")
     parser.add_argument("--log-dir", default=None, help="member logs (default: a temp dir)")
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
     parser.add_argument("--json", action="store_true",
@@ -46,14 +77,48 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("argument --num-prefill/--num-decode: need at least one of each")
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+    try:
+        policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    except ValueError as exc:
+        parser.error(f"argument --max-restarts/--restart-window: {exc}")
+    if args.drain_timeout < 0:
+        parser.error("argument --drain-timeout: must be >= 0")
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except PrivateFileError as exc:
+        parser.error(f"argument --api-key-file: {exc}")
+    secret_dir = None
+    if args.kv_secret_file:
+        try:
+            load_kv_secret(args.kv_secret_file)
+        except ValueError as exc:
+            parser.error(f"argument --kv-secret-file: {exc}")
+        secret_file = args.kv_secret_file
+    else:
+        secret_dir = tempfile.mkdtemp(prefix="relaykv-up-secret-")
+        secret_file = str(new_kv_secret(Path(secret_dir) / "kv-secret"))
+    env = {KV_SECRET_ENV: str(Path(secret_file).resolve())}
+    if api_key:
+        env[API_KEY_ENV] = api_key  # members read it from the environment, not argv
+    try:
+        return _run_cluster(args, engine_extra, env, policy)
+    finally:
+        if secret_dir is not None:
+            shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def _run_cluster(
+    args: argparse.Namespace, engine_extra: list[str], env: dict[str, str], policy: RestartPolicy
+) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
-    auth = ["--api-key", args.api_key] if args.api_key else []
     cluster = Cluster(
-        engine_args=common + auth, router_args=[*auth, "--routing", args.routing],
+        engine_args=common,
+        router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing,
+                     "--prefill-timeout", str(args.prefill_timeout)],
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
-        log_dir=Path(args.log_dir) if args.log_dir else None,
+        log_dir=Path(args.log_dir) if args.log_dir else None, env=env,
     )
     cluster.plan()
 
@@ -66,6 +131,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    clean_stale_shared_memory()
     try:
         cluster.start(timeout=args.startup_timeout, progress=say)
     except ClusterError as exc:
@@ -77,13 +143,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(f"router  {info['router']}\nprefill {' '.join(info['prefill'])}\n"
               f"decode  {' '.join(info['decode'])}\n(Ctrl-C stops the cluster)", flush=True)
+    supervisor = Supervisor(cluster, policy, say, on_death=clean_stale_shared_memory)
     while not stop.wait(0.5):
-        dead = [m for m in cluster.members if m.process and m.process.poll() is not None]
-        if dead:
-            say(f"{dead[0].name} exited (status {dead[0].process.returncode}); stopping the cluster"
-                f"\n{dead[0].log_tail()}")
-            cluster.stop()
+        reason = supervisor.poll()
+        if reason is not None:
+            say(f"{reason}\nstopping the cluster")
+            cluster.stop(router_timeout=args.drain_timeout + 15)
+            clean_stale_shared_memory()
             return 1
-    say("stopping")
-    cluster.stop()
+    say("stopping: router first (in-flight requests finish), then prefill, then decode")
+    codes = cluster.stop(router_timeout=args.drain_timeout + 15)
+    clean_stale_shared_memory()
+    bad = {name: code for name, code in codes.items() if code != 0}
+    say("every member exited 0" if not bad else f"members exited non-zero: {bad}")
     return 0

@@ -3,8 +3,11 @@
 Every member is its own `relaykv` process (the same commands a two-host deployment runs), on
 free loopback ports unless told otherwise, with its output in a log file. `Cluster.start`
 returns once every member answers `/health`; a member that exits during startup stops the
-whole cluster with the tail of its log. `Cluster.stop` sends SIGTERM (members drain), then
-SIGKILL after a timeout.
+whole cluster with the tail of its log. `Cluster.launch(member)` (re)starts one member on its
+own port (supervisor.py restarts dead ones). `Cluster.stop` drains in order (docs/pd.md,
+"Stopping"): SIGTERM to the router, which stops taking requests and lets those in flight
+finish; once it has exited, the prefill engines; then the decode engines; SIGKILL only for a
+member that outlives its timeout. Secrets reach members through `env`, never their argv.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ class Member:
     argv: list[str]
     log_path: Path
     process: subprocess.Popen | None = None
+    restarts: int = 0
+
+    @property
+    def role(self) -> str:
+        return self.name.rstrip("0123456789")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -61,6 +69,7 @@ class Cluster:
     host: str = "127.0.0.1"
     router_port: int | None = None
     log_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (secrets)
     kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
     members: list[Member] = field(default_factory=list)
 
@@ -112,13 +121,8 @@ class Cluster:
     ) -> None:
         if not self.members:
             self.plan()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for member in self.members:
-            with member.log_path.open("wb") as log:
-                member.process = subprocess.Popen(
-                    member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True,
-                )
+            self.launch(member)
         deadline = time.monotonic() + timeout
         pending = list(self.members)
         with httpx.Client(timeout=2.0) as client:
@@ -144,21 +148,38 @@ class Cluster:
                 if pending:
                     time.sleep(0.2)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM everyone (the router first), then SIGKILL whoever is left."""
-        alive = [m for m in reversed(self.members) if m.process and m.process.poll() is None]
-        for member in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(member.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
-        deadline = time.monotonic() + timeout
-        for member in alive:
-            assert member.process is not None
-            try:
-                member.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(member.process.pid, signal.SIGKILL)
-                member.process.wait(5)
+    def launch(self, member: Member) -> None:
+        """Start `member` (again), appending to its log."""
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        with member.log_path.open("ab") as log:
+            member.process = subprocess.Popen(
+                member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+
+    def stop(self, timeout: float = 30.0, router_timeout: float = 90.0) -> dict[str, int]:
+        """Drain in order: the router (it finishes what is in flight, up to its
+        --drain-timeout), then prefill, then decode engines; returns each exit status."""
+        codes: dict[str, int] = {}
+        for role, wait_s in (("router", router_timeout), ("prefill", timeout),
+                             ("decode", timeout)):
+            group = [m for m in self.members if m.role == role]
+            for member in group:
+                if member.process is not None and member.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(member.process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + wait_s
+            for member in group:
+                if member.process is None:
+                    continue
+                try:
+                    member.process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(member.process.pid, signal.SIGKILL)
+                    member.process.wait(5)
+                codes[member.name] = member.process.returncode
+        return codes
 
     def describe(self) -> dict[str, object]:
         return {

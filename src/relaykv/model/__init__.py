@@ -6,6 +6,7 @@ May import torch and `relaykv.kvcache` geometry only (ARCHITECTURE.md).
 from __future__ import annotations
 
 from relaykv.model.config import ModelConfig, from_hf_dict, to_hf_dict
+from relaykv.model.drafts import NoDefaultDraft, default_draft, has_default_draft
 from relaykv.model.eagle import (
     EagleDraft,
     load_eagle_checkpoint,
@@ -38,6 +39,7 @@ __all__ = [
     "LoadedModel",
     "ModelConfig",
     "ModelRunner",
+    "NoDefaultDraft",
     "PackageNotInstalled",
     "SamplingParams",
     "SequenceOutput",
@@ -46,9 +48,11 @@ __all__ = [
     "StepBatch",
     "StepOutput",
     "TokenLogprobs",
+    "default_draft",
     "derive_layout",
     "from_hf_dict",
     "geometry_from_config",
+    "has_default_draft",
     "is_installed",
     "load_eagle_checkpoint",
     "load_model",

@@ -52,14 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="EAGLE draft tokens per step (needs a draft; tiny-hybrid has one)",
+        help="EAGLE draft tokens per step (tiny-hybrid and gemma3-270m have a built-in draft)",
     )
     parser.add_argument(
         "--draft-model",
         default=None,
         metavar="PATH|random",
-        help="EAGLE checkpoint directory, or 'random' (tiny-hybrid default: "
-        "its built-in distilled draft)",
+        help="EAGLE checkpoint directory, or 'random' (default: the model's built-in "
+        "distilled draft)",
     )
     parser.add_argument(
         "--logprobs",
@@ -131,11 +131,12 @@ def _draft(args: argparse.Namespace, loaded: object):  # -> EagleDraft | None
     if args.draft_model == "random":
         return random_draft(config, seed=args.seed, dtype=dtype)
     if args.draft_model is None:
-        if args.model != "tiny-hybrid":
-            raise UsageError("--speculative-tokens needs --draft-model PATH|random for this model")
-        from relaykv.model.eagle_distill import tiny_hybrid_draft
+        from relaykv.model.drafts import NoDefaultDraft, default_draft
 
-        return tiny_hybrid_draft(dtype)
+        try:
+            return default_draft(args.model, config, dtype)
+        except NoDefaultDraft as exc:
+            raise UsageError(f"--speculative-tokens: {exc}") from None
     try:
         return load_eagle_checkpoint(args.draft_model, config, dtype)
     except (OSError, ValueError) as exc:

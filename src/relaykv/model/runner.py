@@ -11,7 +11,7 @@ from (seed, token index), so there is nothing to free when a request ends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -32,6 +32,8 @@ from relaykv.steps import (
     StepBatch,
     StepOutput,
 )
+
+HiddenObserver = Callable[[Sequence[SequenceWork], Sequence[int], torch.Tensor], None]
 
 
 class ModelRunner:
@@ -82,6 +84,10 @@ class ModelRunner:
         self.stats = SpeculativeStats()
         self.batch_threshold = batch_threshold
         self.query_block = query_block
+        # Called after each step's target pass with (sequences, first row of each, final-norm
+        # hidden states of all rows): how EAGLE distillation records the target's hidden
+        # states while the real engine generates its training text (docs/model.md).
+        self.hidden_observer: HiddenObserver | None = None
 
     @property
     def geometry(self) -> Geometry:
@@ -99,6 +105,8 @@ class ModelRunner:
             return StepOutput([])
         self._validate(seqs)
         hidden, starts = self._target_pass(seqs)
+        if self.hidden_observer is not None:
+            self.hidden_observer(seqs, starts, hidden)
         rows = []
         for work, start in zip(seqs, starts, strict=True):
             if work.sample:

@@ -30,15 +30,19 @@ from relaykv.steps import SequenceWork, StepBatch
 
 
 def _runner(model: str, k: int, num_blocks: int) -> Any:
-    from relaykv.model import ModelRunner, load_model, random_draft
+    from relaykv.model import (
+        ModelRunner,
+        default_draft,
+        has_default_draft,
+        load_model,
+        random_draft,
+    )
 
     loaded = load_model(model)
     draft = None
     if k:
-        if model == "tiny-hybrid":
-            from relaykv.model.eagle_distill import tiny_hybrid_draft
-
-            draft = tiny_hybrid_draft(loaded.model.dtype, progress=False)
+        if has_default_draft(model):  # the shipped draft (tiny-hybrid, gemma3-270m)
+            draft = default_draft(model, loaded.config, loaded.model.dtype)
         else:
             draft = random_draft(loaded.config, seed=0, dtype=loaded.model.dtype)
     runner = ModelRunner(loaded.model, num_blocks=num_blocks, draft=draft, num_speculative_tokens=k)

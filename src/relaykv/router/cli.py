@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
-import uvicorn
-
+from relaykv.private_files import PrivateFileError, resolve_api_key
+from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
 from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights
 from relaykv.router.relay import Router, create_router_app
 from relaykv.router.routing import Routing
+from relaykv.router.server import serve_router
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,12 +18,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", required=True, help="decode engine URL(s), comma-separated")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("RELAYKV_API_KEY"),
-        help="require this key from clients (default: $RELAYKV_API_KEY)",
-    )
+    parser.add_argument("--api-key", default=None,
+                        help="require this key from clients (default: $RELAYKV_API_KEY); "
+                        "visible on a command line: prefer --api-key-file")
+    parser.add_argument("--api-key-file", default=None,
+                        help="file (mode 0600) holding the key (default $RELAYKV_API_KEY_FILE)")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
+    parser.add_argument("--prefill-timeout", type=float, default=120.0,
+                        help="seconds a prefill engine may take for one request before the "
+                        "router tries another (default 120)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get 413 (default 8 MiB)")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection may take to send its request headers")
+    parser.add_argument("--body-timeout", type=float, default=30.0,
+                        help="seconds a client may take to send its request body (else 408)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="on SIGTERM, seconds in-flight requests may take to finish")
     parser.add_argument("--log-level", default="warning")
     routing = parser.add_argument_group("routing (docs/routing.md)")
     routing.add_argument(
@@ -61,6 +72,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument --port: must be in 1..65535, got {args.port}")
     if args.request_timeout <= 0:
         parser.error("argument --request-timeout: must be > 0")
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except PrivateFileError as exc:
+        parser.error(f"argument --api-key-file: {exc}")
+    try:
+        limits = IntakeLimits(args.max_body_bytes, args.body_timeout, args.header_timeout)
+    except ValueError as exc:
+        parser.error(f"argument --max-body-bytes/--body-timeout/--header-timeout: {exc}")
+    if args.prefill_timeout <= 0 or args.drain_timeout < 0:
+        parser.error("argument --prefill-timeout/--drain-timeout: must be > 0 (>= 0 for drain)")
     prefill = _urls(parser, "--prefill", args.prefill)
     decode = _urls(parser, "--decode", args.decode)
     try:
@@ -77,23 +98,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     logging.basicConfig(level=args.log_level.upper())
     host = f"[{args.host}]" if ":" in args.host else args.host
     router = Router(
-        prefill,
-        decode,
-        api_key=args.api_key,
-        request_timeout=args.request_timeout,
+        prefill, decode, api_key=api_key, request_timeout=args.request_timeout,
+        prefill_timeout=args.prefill_timeout, limits=limits,
         public_url=f"http://{host}:{args.port}",
-        routing=Routing(args.routing, weights, api_key=args.api_key),
+        routing=Routing(args.routing, weights, api_key=api_key),
     )
-    print(
-        f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
-        f"prefill {prefill}, decode {decode}",
-        flush=True,
-    )
-    uvicorn.run(
-        create_router_app(router),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=30,
-    )
-    return 0
+    print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
+          f"prefill {prefill}, decode {decode}", flush=True)
+    return serve_router(create_router_app(router), router, args.host, args.port,
+                        log_level=args.log_level, drain_timeout=args.drain_timeout,
+                        header_timeout_s=args.header_timeout)

@@ -1,7 +1,8 @@
 """The P/D router: an OpenAI-compatible front for prefill and decode engines.
 
-A completion (or chat completion) goes to a prefill engine first, with `max_tokens=1` and
-`kv_transfer_params: {"do_remote_decode": true}`; P computes the prompt, keeps the blocks the
+A completion (or chat completion) goes to a prefill engine first, with
+`kv_transfer_params: {"do_remote_decode": true}` (P validates the client's max_tokens as D will,
+then generates one token); P computes the prompt, keeps the blocks the
 P/D plan names and answers where they are. The request then goes to a decode engine with P's
 `kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
 router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
@@ -10,7 +11,8 @@ leaves the rotation and the request is retried on another one; when none is left
 gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
 go back to the client unchanged. Bodies travel as the client's own bytes with the fields a hop
 sets appended (`relaykv.router.body`), so the engines judge exactly what the client sent;
-every response is counted (`relaykv.router.metrics`).
+every response is counted (`relaykv.router.metrics`). Limits, timeouts, disconnects and the
+drain: `relaykv.router.intake`, `.disconnect`, `.server` (docs/pd.md "Limits and timeouts").
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.body import ClientBody
+from relaykv.router.disconnect import ClientGone, unless_disconnected
+from relaykv.router.intake import IntakeLimits, read_body
 from relaykv.router.metrics import CountResponses, RouterStats, router_registry
 from relaykv.router.routing import Prompt, Routing
 
@@ -49,6 +53,8 @@ class Router:
         api_key: str | None = None,
         request_timeout: float = 600.0,
         connect_timeout: float = 5.0,
+        prefill_timeout: float = 120.0,
+        limits: IntakeLimits | None = None,
         public_url: str = "",
         routing: Routing | None = None,
     ) -> None:
@@ -56,6 +62,12 @@ class Router:
         self.decode = BackendPool("decode", decode)
         self.api_key = api_key
         self.timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+        # A prefill is one forward pass: a P that takes longer is hung or drowning, and the
+        # request moves on to another P (docs/pd.md, "Failures").
+        self.prefill_timeout = httpx.Timeout(prefill_timeout, connect=connect_timeout)
+        self.limits = limits or IntakeLimits()
+        self.draining = False  # set on SIGTERM (server.py): new requests get 503
+        self.in_flight = 0  # requests being answered, streams included
         self.public_url = public_url
         self.stats = RouterStats()
         self.routing = routing or Routing("least-loaded")
@@ -65,17 +77,35 @@ class Router:
     async def handle(self, request: Request, path: str) -> Response:
         self.stats.requests += 1
         self._authorize(request)
-        body = ClientBody.parse(await request.body())
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-        headers["content-type"] = "application/json"
-        prompt = self.routing.prompt(body.data)
-        if prompt is None and self.client is not None and "messages" in body.data:
-            prompt = await self.routing.chat_prompt(self.client, self.prefill, body.data, headers)
-        transfer, error = await self._prefill(path, body, headers, prompt)
-        if error is not None:
-            return error
-        decode_body = body.with_fields({"kv_transfer_params": transfer})
-        return await self._decode(path, decode_body, headers, body.stream, prompt)
+        if self.draining:
+            raise APIError(503, "the router is shutting down", code="draining")
+        self.in_flight += 1
+        streaming = False
+        try:
+            body = ClientBody.parse(await read_body(request, self.limits))
+            headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+            headers["content-type"] = "application/json"
+            prompt = self.routing.prompt(body.data)
+            try:
+                if prompt is None and self.client is not None and "messages" in body.data:
+                    prompt = await unless_disconnected(request, self.routing.chat_prompt(
+                        self.client, self.prefill, body.data, headers))
+                transfer, error = await unless_disconnected(
+                    request, self._prefill(path, body, headers, prompt)
+                )
+                if error is not None:
+                    return error
+                decode_body = body.with_fields({"kv_transfer_params": transfer})
+                response = await unless_disconnected(
+                    request, self._decode(path, decode_body, headers, body.stream, prompt)
+                )
+            except ClientGone:
+                return Response(status_code=499)  # nginx's "client closed request"
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:  # a stream counts itself out when it ends (_relay_stream)
+                self.in_flight -= 1
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -87,21 +117,23 @@ class Router:
     async def _prefill(
         self, path: str, body: ClientBody, headers: dict[str, str], prompt: Prompt | None
     ) -> tuple[dict[str, Any] | None, Response | None]:
-        """P computes the prompt; returns its transfer parameters or a response to relay."""
+        """P computes the prompt; returns its transfer parameters or a response to relay.
+
+        P gets the client's own max_tokens and min_tokens: it validates the request exactly
+        as D will (and answers 400 before any compute for what D would refuse), then
+        generates one token whatever max_tokens says (docs/pd.md)."""
         overrides: dict[str, Any] = {
             "stream": False,
             "stream_options": None,
-            "max_tokens": 1,
-            "min_tokens": 0,
             "kv_transfer_params": {"do_remote_decode": True},
         }
-        if "max_completion_tokens" in body.data:
-            overrides["max_completion_tokens"] = 1
         prefill_body = body.with_fields(overrides)
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
-            resp = await self._post(self.prefill, backend, path, prefill_body, headers)
+            resp = await self._post(
+                self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
+            )
             if resp is None:
                 self.stats.retries += 1
                 continue
@@ -118,13 +150,17 @@ class Router:
         return None, _unavailable("prefill")
 
     async def _post(
-        self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict
+        self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response | None:
         assert self.client is not None
         backend.in_flight += 1
         backend.requests += 1
         try:
-            resp = await self.client.post(f"{backend.url}{path}", content=body, headers=headers)
+            resp = await self.client.post(
+                f"{backend.url}{path}", content=body, headers=headers,
+                timeout=timeout or self.timeout,
+            )
         except httpx.HTTPError as exc:
             pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
             return None
@@ -197,17 +233,27 @@ class Router:
         return resp
 
     async def _relay_stream(self, backend: Backend, resp: httpx.Response) -> AsyncIterator[bytes]:
-        """Pass D's SSE bytes through; a client that goes away closes D's stream too."""
+        """Pass D's SSE bytes through; a client that goes away closes D's stream too. Every
+        stream ends with `data: [DONE]`, a broken one after an in-band error event."""
+        tail = b""
         try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
-            self.stats.stream_errors += 1
-            payload = error_body(502, f"the decode engine's stream broke: {exc}")
-            yield f"data: {json.dumps(payload)}\n\n".encode()
+            try:
+                async for chunk in resp.aiter_raw():
+                    tail = (tail + chunk)[-64:]
+                    yield chunk
+            except httpx.HTTPError as exc:
+                self.decode.failed(backend, f"stream broke: {exc.__class__.__name__}")
+                self.stats.stream_errors += 1
+                yield stream_error(f"the decode engine's stream broke: {exc}")
+                tail = b""
+            if b"data: [DONE]" not in tail:
+                if tail:  # D closed cleanly without finishing the stream
+                    self.stats.stream_errors += 1
+                    yield stream_error("the decode engine ended the stream early")
+                yield DONE_EVENT
         finally:
             backend.in_flight -= 1
+            self.in_flight -= 1
             await resp.aclose()
 
     # -- background -----------------------------------------------------------------------
@@ -220,6 +266,14 @@ class Router:
 
     def cluster(self) -> dict[str, Any]:
         return {"router": self.public_url, "prefill": self.prefill.urls, "decode": self.decode.urls}
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def stream_error(message: str) -> bytes:
+    """An in-band SSE error event (what OpenAI streams send for a failure mid-stream)."""
+    return f"data: {json.dumps(error_body(502, message))}\n\n".encode()
 
 
 def _relay(resp: httpx.Response) -> Response:

@@ -114,7 +114,10 @@ class Routing:
         if isinstance(raw, list) and raw and all(type(t) is int for t in raw):
             return Prompt(raw, salt)
         if isinstance(raw, str) and raw and self._tokenizer is not None:
-            ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
+            try:
+                ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
+            except (TypeError, ValueError):  # e.g. a lone surrogate: the engine's 400 to give
+                return None
             info = self._tokenizer_info or {}
             bos = info.get("bos_token_id")
             if info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):

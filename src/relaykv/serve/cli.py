@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import TYPE_CHECKING
 
+from relaykv.private_files import (
+    API_KEY_ENV,
+    API_KEY_FILE_ENV,
+    PrivateFileError,
+    resolve_api_key,
+)
 from relaykv.serve import sglang_bootstrap
 from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
 from relaykv.serve.options import (
@@ -24,7 +29,6 @@ if TYPE_CHECKING:
     from relaykv.serve.kv_events_config import KVEventsConfig
 
 log = logging.getLogger("relaykv.serve")
-API_KEY_ENV = "RELAYKV_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--api-key",
         default=None,
-        help=f"require 'Authorization: Bearer KEY' on /v1/* (default ${API_KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default ${API_KEY_ENV}); "
+        "visible to every local user on a command line: prefer --api-key-file",
+    )
+    server.add_argument(
+        "--api-key-file",
+        default=None,
+        help=f"file (mode 0600) holding the API key (default ${API_KEY_FILE_ENV})",
     )
     server.add_argument(
         "--served-model-name",
@@ -75,7 +85,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument --drain-timeout: must be >= 0, got {args.drain_timeout}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         parser.error("argument --served-model-name: must not be empty")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except PrivateFileError as exc:
+        parser.error(f"argument --api-key-file: {exc}")
     try:
         options = engine_options(args)
         events_config = parse_kv_events_config(args.kv_events_config)

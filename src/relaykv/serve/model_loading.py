@@ -2,8 +2,8 @@
 
 Uses the model layer's public API (`relaykv.model`, docs/model.md): `load_model(spec,
 dtype)` for the target (tiny-hybrid, a packaged preset, an HF directory or a GGUF file),
-`random_draft` / `load_eagle_checkpoint` / tiny-hybrid's distilled
-`tiny_hybrid_draft` for the draft, `derive_layout` for the geometry
+`random_draft` / `load_eagle_checkpoint` / a preset's shipped `default_draft` for the
+draft, `derive_layout` for the geometry
 the runner will use, and `ModelRunner(model, num_blocks=..., ...)` as the executor, built
 only once the factory knows the pool size. Stages show a progress bar (GGUF reads show
 their own).
@@ -35,7 +35,9 @@ def load_for_serving(
     decode engine's shared-memory buffer that the shm transport writes into directly)."""
     from relaykv.model import (
         ModelRunner,
+        NoDefaultDraft,
         PackageNotInstalled,
+        default_draft,
         derive_layout,
         load_eagle_checkpoint,
         load_model,
@@ -65,10 +67,11 @@ def load_for_serving(
         draft = None
         if options.speculative_tokens:
             if options.draft_model is None:
-                # tiny-hybrid's distilled draft (cached after the first, seconds-long run).
-                from relaykv.model.eagle_distill import tiny_hybrid_draft
-
-                draft = tiny_hybrid_draft(loaded.model.dtype, progress=progress)
+                # The preset's shipped draft (tiny-hybrid, gemma3-270m; docs/model.md).
+                try:
+                    draft = default_draft(options.model, config, loaded.model.dtype)
+                except NoDefaultDraft as exc:
+                    raise OptionError("--draft-model", str(exc)) from None
             elif options.draft_model == "random":
                 draft = random_draft(config, seed=options.seed or 0, dtype=loaded.model.dtype)
             else:

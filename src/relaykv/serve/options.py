@@ -52,7 +52,7 @@ class EngineOptions:
     max_num_seqs: int = 64
     speculative_tokens: int = 0
     # An EAGLE checkpoint directory, or "random"; None with speculative tokens: the model's
-    # built-in draft (tiny-hybrid's distilled one).
+    # built-in draft (tiny-hybrid's and gemma3-270m's, relaykv.model.drafts).
     draft_model: str | None = None
     seed: int | None = None
     enable_prefix_caching: bool = True
@@ -88,12 +88,15 @@ class EngineOptions:
             raise OptionError(
                 "--speculative-tokens", f"must be >= 0, got {self.speculative_tokens}"
             )
-        if self.speculative_tokens and not self.draft_model and self.model != DEFAULT_MODEL:
-            raise OptionError(
-                "--speculative-tokens",
-                "needs --draft-model (an EAGLE checkpoint or 'random'); only tiny-hybrid has a "
-                "built-in draft",
-            )
+        if self.speculative_tokens and not self.draft_model:
+            from relaykv.model.drafts import has_default_draft, shipped_drafts
+
+            if not has_default_draft(self.model):
+                raise OptionError(
+                    "--speculative-tokens",
+                    "needs --draft-model (an EAGLE checkpoint or 'random'); built-in drafts: "
+                    + ", ".join(shipped_drafts()),
+                )
         if self.draft_model and not self.speculative_tokens:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
         if self.dtype not in DTYPES:
@@ -138,7 +141,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH|random",
         help="EAGLE draft: a checkpoint directory, or 'random' (seeded random weights); "
-        "tiny-hybrid defaults to its built-in distilled draft",
+        "tiny-hybrid and gemma3-270m default to their built-in distilled drafts",
     )
     model.add_argument("--seed", type=int, default=None, help="sampling / random-draft seed")
     cache = parser.add_argument_group("KV cache and scheduling")

@@ -19,6 +19,7 @@ from relaykv.serve.engine_factory import ConnectorFactory
 from relaykv.serve.options import EngineOptions, OptionError
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import TransportUnavailable, get_transport, options_from_args
+from relaykv.transfer.transport.auth import SECRET_ENV, load_secret_file, write_secret_file
 
 _SHARED_SEGMENTS: list[Any] = []
 
@@ -31,6 +32,12 @@ def connector_factory(options: EngineOptions, args: argparse.Namespace) -> Conne
     """
     if options.role == "colocated":
         return None
+    if not getattr(args, "kv_secret_file", None):
+        raise OptionError(
+            "--kv-secret-file",
+            "prefill and decode engines need the cluster's KV transfer secret (a 0600 file; "
+            "`relaykv up` makes one, or set $RELAYKV_KV_SECRET_FILE; docs/security.md)",
+        )
     try:
         transport_options = options_from_args(args)
     except ValueError as exc:
@@ -76,3 +83,17 @@ def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] 
         return torch.from_numpy(shared.array)
 
     return allocate
+
+
+# What `relaykv up` (the launch layer) needs of the transfer layer, re-exported here because
+# launch may import serve but not transfer (tools/check_layers.py).
+KV_SECRET_ENV = SECRET_ENV
+load_kv_secret = load_secret_file
+new_kv_secret = write_secret_file
+
+
+def clean_stale_shared_memory() -> list[str]:
+    """Remove this user's relaykv shared-memory files whose creating process is dead."""
+    from relaykv.transfer.transport.shm_files import clean_stale_files
+
+    return clean_stale_files()

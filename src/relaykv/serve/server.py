@@ -9,23 +9,22 @@ uvicorn shuts down and `serve_app` returns 0. A second SIGINT forces the exit.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import socket
 from collections.abc import Callable
-from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from relaykv.graceful import GracefulServer, header_timeout_protocol
 from relaykv.serve.app import app_state
 from relaykv.serve.state import ServerState
 
 log = logging.getLogger("relaykv.serve")
+HEADER_TIMEOUT_S = 10.0
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(GracefulServer):
     def __init__(
         self,
         config: uvicorn.Config,
@@ -36,11 +35,8 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.on_ready = on_ready
         self.url = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started and self.servers:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
@@ -48,36 +44,20 @@ class DrainingServer(uvicorn.Server):
             if self.on_ready is not None:
                 self.on_ready(self.url)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # type: ignore[override]
-        # Deliberately not uvicorn's: no re-raise of the signal after shutdown (exit 0).
-        if self._drain is not None or self._loop is None:
-            if sig == signal.SIGINT or self._loop is None:
-                self.should_exit = True
-                self.force_exit = self._drain is not None
-            return
-        self._loop.call_soon_threadsafe(self._start_drain, signal.Signals(sig).name)
-
-    def _start_drain(self, name: str) -> None:
-        if self._drain is None:
-            self._drain = asyncio.ensure_future(self._drain_then_exit(name))
-
-    async def _drain_then_exit(self, name: str) -> None:
+    async def drain(self, signal_name: str) -> None:
         state = self.state
         log.info(
             "%s: draining %d in-flight requests (up to %.1f s)",
-            name,
+            signal_name,
             state.engine.num_active,
             state.drain_timeout,
         )
         print(
-            f"relaykv serve: {name}: draining {state.engine.num_active} in-flight requests "
-            f"(up to {state.drain_timeout:g} s), new requests get 503",
+            f"relaykv serve: {signal_name}: draining {state.engine.num_active} in-flight "
+            f"requests (up to {state.drain_timeout:g} s), new requests get 503",
             flush=True,
         )
-        try:
-            await state.stop_engine()
-        finally:
-            self.should_exit = True
+        await state.stop_engine()
 
 
 def serve_app(
@@ -98,6 +78,7 @@ def serve_app(
         access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        http=header_timeout_protocol(HEADER_TIMEOUT_S),  # no idle half-open connections
     )
     server = DrainingServer(config, app_state(app), on_ready)
     server.run()

@@ -14,8 +14,8 @@ makes them route blind. The shapes are vLLM's:
 * `POST /v1/chat/completions/render` (a chat body) -> one `GenerateRequest`.
 
 The ids are exactly those `/v1/completions` and `/v1/chat/completions` would give the engine
-(the same tokenizer, chat formatter and checks), so a router's prefix tree and relaykv's
-KV events describe the same tokens. Render validates like generation (400 for what
+(the same tokenizer, `relaykv.serve.chat.chat_prompt` and checks), so a router's prefix tree
+and relaykv's KV events describe the same tokens. Render validates like generation (400 for what
 generation would refuse) and generates nothing. `add_special_tokens` is accepted at vLLM's
 defaults (true for a prompt, false for messages), which is what generation does; the other
 value is refused with a 400 naming it rather than silently ignored.
@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 
 from relaykv.api_errors import APIError, bad_request
 from relaykv.engine import InvalidRequest
-from relaykv.serve.chat_template import ChatTemplateError
+from relaykv.serve.chat import chat_prompt
 from relaykv.serve.engine_stream import new_request_id
 from relaykv.serve.inputs import (
     check_model,
@@ -40,6 +40,7 @@ from relaykv.serve.inputs import (
     parse_body,
     sampling_params,
 )
+from relaykv.serve.logprobs import engine_logprobs
 from relaykv.serve.protocol import ChatCompletionRequest, CompletionRequest
 from relaykv.serve.state import ServerState, server_state
 
@@ -57,18 +58,6 @@ def _flag(data: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise bad_request(f"{name} must be a boolean", name)
     return value
-
-
-def _chat_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    if not body.messages:
-        raise bad_request("messages must not be empty", "messages")
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    try:
-        return state.served.chat.encode(
-            messages, body.add_generation_prompt, body.chat_template_kwargs
-        )
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), "messages") from None
 
 
 def _token_strs(state: ServerState, ids: list[int]) -> list[str]:
@@ -97,7 +86,7 @@ async def tokenize(request: Request) -> Response:
     if chat:
         chat_body = parse_body(await request.body(), ChatCompletionRequest)
         check_model(chat_body.model, state.model_name)
-        ids = _chat_ids(state, chat_body)
+        ids = chat_prompt(state, chat_body)
     else:
         check_model(data.get("model"), state.model_name)
         prompt = data.get("prompt")
@@ -173,9 +162,8 @@ async def render_completion(request: Request) -> Response:
     prompt_ids = completion_prompt(body.prompt, state.served.tokenizer)
     if body.logprobs is not None and not 0 <= body.logprobs <= 20:
         raise APIError(400, f"logprobs must be in [0, 20], got {body.logprobs}", "logprobs")
-    rendered = _generate_request(
-        state, "cmpl", prompt_ids, body, body.max_tokens, body.logprobs or 0
-    )
+    logprobs = engine_logprobs(body.logprobs)
+    rendered = _generate_request(state, "cmpl", prompt_ids, body, body.max_tokens, logprobs)
     return JSONResponse([rendered])
 
 
@@ -184,7 +172,7 @@ async def render_chat_completion(request: Request) -> Response:
     state = server_state(request)
     body = parse_body(await request.body(), ChatCompletionRequest)
     check_model(body.model, state.model_name)
-    prompt_ids = _chat_ids(state, body)
+    prompt_ids = chat_prompt(state, body)
     top_n = body.top_logprobs or 0
     if not 0 <= top_n <= 20:
         raise APIError(400, f"top_logprobs must be in [0, 20], got {top_n}", "top_logprobs")

@@ -62,6 +62,7 @@ class SimRouter:
                     in_flight=b.in_flight,
                     waiting=len(engine.scheduler.waiting),
                     kv_usage=engine.manager.pool.usage(),
+                    cached_blocks=index.num_blocks if index is not None else 0,
                 )
             )
 

@@ -14,7 +14,11 @@ The transfer parameters P returns (and the router hands to D) are:
 
     {"do_remote_prefill": true, "remote_request_id": str, "remote_engine_id": str,
      "source": <KVSourceDescriptor as a dict>, "remote_num_tokens": N, "pd_policy": str,
-     "lease_seconds": float, "remote_block_ids": [[[block_index, block_id], ...] per group]}
+     "lease_seconds": float, "remote_block_ids": [[[block_index, block_id], ...] per group],
+     "block_hashes": [[hex, ...] per group], "destination_engine_id": str | None,
+     "expires_at": float, "grant_signature": hex}
+
+signed by P with the cluster secret and checked by D against its own prompt (grant.py).
 
 While such a request waits for admission on D (a busy decode engine), D sends P keep-alives
 every third of the lease, so P never frees pages D is about to read.
@@ -24,10 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from relaykv.engine.request import Request
 from relaykv.kvcache import CacheRequest, KVCacheManager, KVLoad
+from relaykv.transfer.grant import GrantSigner, prompt_block_hashes
 from relaykv.transfer.transport import (
     KVSourceDescriptor,
     KVTransport,
@@ -36,6 +42,7 @@ from relaykv.transfer.transport import (
     TransferHandle,
     TransportOptions,
 )
+from relaykv.transfer.transport.auth import default_secret
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ class PDConnector:
         self.lease_seconds = lease_seconds
         self.quarantine_seconds = quarantine_seconds
         self.layout = PageLayout.from_geometry(manager.geometry, manager.pool.num_blocks)
+        secret = options.secret if options is not None else None
+        self.signer = GrantSigner(default_secret() if secret is None else secret)
         self.server = None
         self.client = None
         if role == "prefill":
@@ -85,11 +94,17 @@ class PDConnector:
         self._kept_alive: dict[str, float] = {}  # D: request id -> last keep-alive sent
 
     # -- checks (the engine calls this while validating a request) ----------------------
-    def validate(self, params: dict[str, Any]) -> None:
-        """Raise ValueError for transfer parameters this engine cannot act on."""
+    def validate(
+        self, params: dict[str, Any], prompt_ids: Sequence[int], cache_salt: str | None = None
+    ) -> None:
+        """Raise ValueError for transfer parameters this engine cannot act on: on D, any
+        not signed by a P of this cluster for exactly this prompt (grant.py)."""
         if params.get("do_remote_decode"):
             if self.role != "prefill":
                 raise ValueError("this engine does not send KV (it is not a prefill engine)")
+            destination = params.get("destination_engine_id")
+            if destination is not None and not isinstance(destination, str):
+                raise ValueError("destination_engine_id must be a string")
             return
         if not params.get("do_remote_prefill"):
             return
@@ -98,6 +113,10 @@ class PDConnector:
         missing = [k for k in PARAM_KEYS if k not in params]
         if missing:
             raise ValueError(f"kv_transfer_params lacks {', '.join(missing)}")
+        self.signer.check(
+            params, engine_id=self.engine_id, manager=self.manager, prompt=prompt_ids,
+            salt=cache_salt,
+        )
         if params["pd_policy"] != self.manager.pd_policy:
             raise ValueError(
                 f"the prefill engine planned with --pd-policy {params['pd_policy']}, this decode "
@@ -115,9 +134,15 @@ class PDConnector:
         assert self.server is not None and request.cache is not None
         held = self.manager.hold_for_transfer(request.cache)
         blocks = {g: [b for _, b in items] for g, items in enumerate(held) if items}
-        self.server.allow(request.request_id, blocks, time.monotonic() + self.lease_seconds)
+        destination = (request.kv_transfer_params or {}).get("destination_engine_id")
+        deadline = time.monotonic() + self.lease_seconds
+        if destination is None:  # bound to the first engine that reads it
+            self.server.allow(request.request_id, blocks, deadline)
+        else:
+            self.server.allow(request.request_id, blocks, deadline, reader=destination)
         self._held[request.request_id] = request.cache
-        return {
+        prompt = request.prompt_ids
+        params = {
             "do_remote_prefill": True,
             "remote_request_id": request.request_id,
             "remote_engine_id": self.engine_id,
@@ -126,7 +151,10 @@ class PDConnector:
             "pd_policy": self.manager.pd_policy,
             "lease_seconds": self.lease_seconds,
             "remote_block_ids": [[[k, b] for k, b in items] for items in held],
+            "block_hashes": prompt_block_hashes(self.manager, prompt, request.cache_salt, held),
+            "destination_engine_id": destination,
         }
+        return self.signer.sign(params, self.lease_seconds)
 
     def _release_held(self, request_id: str, expired: bool) -> None:
         cache = self._held.pop(request_id, None)

@@ -83,6 +83,30 @@ def test_markdown_table_columns() -> None:
     assert "| probe/serial | Probe requests ok | 2 | 2 | 2 | 2 | 2 | +0.0% | 0.0% |" in text
 
 
+def test_a_change_inside_the_a1_a2_spread_says_within_noise() -> None:
+    # throughput: A1 1.0, A2 1.2 (spread 18.2 %); b at 1.15 is +4.5 %: within noise.
+    runs = [
+        record("A1", "a", 1.0, 0.0),
+        record("B1", "b", 1.15, 100.0),
+        record("A2", "a", 1.2, 0.0),
+    ]
+    rows = build_rows(runs, "a")
+    tput = row(rows, "c1/output1", "request_throughput")
+    assert tput.change_pct["b"] == pytest.approx(0.05 / 1.1 * 100)
+    assert tput.within_noise == {"b": True}
+    text = markdown_table(rows, runs, "a")
+    line = next(x for x in text.splitlines() if "Request throughput" in x)
+    assert "| within noise | 18.2% |" in line and "+4.5%" not in line
+    # No signed change in the table is smaller than its row's spread.
+    for r in rows:
+        change, spread = r.change_pct["b"], r.spread_pct
+        if change is not None and spread and abs(change) <= spread:
+            assert r.within_noise["b"]
+    # A change beyond the spread keeps its sign; zero spread with zero change stays +0.0 %.
+    assert not row(build_rows(RUNS, "a"), "c1/output1", "request_throughput").within_noise["b"]
+    assert not row(rows, "probe/serial", "requests_ok").within_noise["b"]
+
+
 def test_flag_parsers() -> None:
     configs = parse_configs(["legacy=--pd-policy legacy", 'new=--pd-policy "per group"'])
     assert configs == {"legacy": ["--pd-policy", "legacy"], "new": ["--pd-policy", "per group"]}

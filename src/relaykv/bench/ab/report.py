@@ -6,12 +6,15 @@
   (unless both are 0: 0 %).
 * spread % = (max - min) / |mean| * 100 over the baseline runs: the drift between A1 and A2,
   the yardstick a change must beat. Needs two or more baseline runs.
+* A change no larger than a non-zero spread is printed as "within noise", never as a signed
+  percentage (the JSON keeps the number and says `within_noise`): A1 and A2 ran the same
+  configuration and differ by that much already.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,7 @@ class Row:
     change_pct: dict[str, float | None]
     spread_pct: float | None
     integer: bool = False  # counts: shown without decimals
+    within_noise: dict[str, bool] = field(default_factory=dict)
 
 
 def is_count(metric: str) -> bool:
@@ -103,6 +107,13 @@ def spread_pct(values: list[float | None]) -> float | None:
     return (max(present) - min(present)) / abs(mean) * 100
 
 
+def within_noise(change: float | None, spread: float | None) -> bool:
+    """True if `change` (%) cannot be told apart from the baseline's own run-to-run spread."""
+    if change is None or spread is None:
+        return False
+    return spread > 0 and abs(change) <= spread
+
+
 def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
     per_run = [(run["label"], run["config"], run_values(run)) for run in runs]
     configs = list(dict.fromkeys(config for _, config, _ in per_run))
@@ -119,6 +130,8 @@ def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
         }
         base_runs = [values[label] for label, c, _ in per_run if c == baseline]
         candidates = {c: v for c, v in by_config.items() if c != baseline}
+        changes = {c: change_pct(by_config.get(baseline), v) for c, v in candidates.items()}
+        spread = spread_pct(base_runs)
         rows.append(
             Row(
                 group=group,
@@ -127,11 +140,10 @@ def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
                 values=values,
                 baseline=by_config.get(baseline),
                 candidates=candidates,
-                change_pct={
-                    c: change_pct(by_config.get(baseline), v) for c, v in candidates.items()
-                },
-                spread_pct=spread_pct(base_runs),
+                change_pct=changes,
+                spread_pct=spread,
                 integer=is_count(metric),
+                within_noise={c: within_noise(v, spread) for c, v in changes.items()},
             )
         )
     return rows
@@ -169,7 +181,8 @@ def markdown_table(rows: list[Row], runs: list[dict[str, Any]], baseline: str) -
             fmt_value(row.baseline, row.integer),
         ]
         for cand in candidates:
-            cells += [fmt_value(row.candidates[cand], row.integer), fmt_pct(row.change_pct[cand])]
+            change = "within noise" if row.within_noise[cand] else fmt_pct(row.change_pct[cand])
+            cells += [fmt_value(row.candidates[cand], row.integer), change]
         cells.append(fmt_pct(row.spread_pct, signed=False))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

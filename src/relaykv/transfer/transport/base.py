@@ -25,13 +25,14 @@ Safety rules (every transport; tests/transfer/ checks each):
 4. `release(request_id)` returns only once no copy of that request's pages is running,
    so P may reuse the blocks right after.
 5. Control messages are msgspec structs over ZeroMQ; nothing is pickled. Sockets bind
-   127.0.0.1 unless a host is given.
+   127.0.0.1 unless a host is given. Every message carries an HMAC under the cluster
+   secret (auth.py); P writes only into memory its reader registered (registrations.py).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import zmq
@@ -51,24 +52,31 @@ class TransportOptions:
     hosts). port: P's control port (0: pick a free one). timeout_s: default per-read
     timeout. connect_timeout_s: how long D waits for a connection before
     PeerUnreachable. chunk_bytes: pages per chunk up to this many bytes. window: chunks
-    in flight per transfer. staging_bytes: shm only, D's staging area size.
+    in flight per transfer. staging_bytes: shm only, D's staging area size. secret: the
+    cluster secret every message is authenticated with (docs/security.md).
     """
 
     host: str = "127.0.0.1"
     port: int = 0
     timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
+    idle_timeout_s: float = 5.0  # a read hearing nothing from P this long fails (hung P)
     chunk_bytes: int = 4 << 20
     window: int = 4
     staging_bytes: int = 64 << 20
+    link_gbps: float | None = None
+    # The cluster secret (auth.py); None: $RELAYKV_KV_SECRET_FILE's, else this process's own.
+    secret: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.idle_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
         if self.chunk_bytes < 1 or self.window < 1 or self.staging_bytes < 1:
             raise ValueError("chunk_bytes, window and staging_bytes must be >= 1")
+        if self.link_gbps is not None and not self.link_gbps > 0:
+            raise ValueError(f"link_gbps must be > 0, got {self.link_gbps}")
 
 
 class KVTransport(ABC):
@@ -122,6 +130,7 @@ class KVTransport(ABC):
             port=options.port,
             chunk_bytes=options.chunk_bytes,
             context=context,
+            secret=options.secret,
         )
         return server.start() if start else server
 
@@ -146,6 +155,8 @@ class KVTransport(ABC):
             engine_id=engine_id,
             timeout_s=options.timeout_s,
             connect_timeout_s=options.connect_timeout_s,
+            idle_timeout_s=options.idle_timeout_s,
             window=options.window,
             context=context,
+            secret=options.secret,
         )

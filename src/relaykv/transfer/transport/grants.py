@@ -29,6 +29,7 @@ class Grant:
     request_id: str
     blocks: dict[int, frozenset[int]]
     deadline: float
+    reader: str | None = None  # the one engine that may read it (bound at first read)
     inflight: int = 0
     revoked: bool = False
     expired: bool = False
@@ -47,9 +48,14 @@ class GrantTable:
 
     # -- engine side ----------------------------------------------------------------
     def allow(
-        self, request_id: str, blocks: Mapping[int, Iterable[int]], lease_deadline: float
+        self,
+        request_id: str,
+        blocks: Mapping[int, Iterable[int]],
+        lease_deadline: float,
+        reader: str | None = None,
     ) -> None:
-        """Let readers have `blocks` of `request_id` until `lease_deadline` (clock time)."""
+        """Let a reader have `blocks` of `request_id` until `lease_deadline` (clock time):
+        `reader` if given, else whichever engine reads first (the grant is bound to it)."""
         checked: dict[int, frozenset[int]] = {}
         for group, ids in blocks.items():
             if not 0 <= group < self.layout.num_groups:
@@ -65,7 +71,7 @@ class GrantTable:
         with self._cond:
             if request_id in self._grants:
                 raise ValueError(f"request {request_id!r} is already allowed; release it first")
-            self._grants[request_id] = Grant(request_id, checked, float(lease_deadline))
+            self._grants[request_id] = Grant(request_id, checked, float(lease_deadline), reader)
             self._expired.pop(request_id, None)
 
     def extend(self, request_id: str, lease_deadline: float) -> None:
@@ -98,10 +104,14 @@ class GrantTable:
             return len(self._grants)
 
     # -- serving side -----------------------------------------------------------------
-    def check_read(self, request_id: str, pages: Sequence[PageCopy]) -> Grant:
-        """Validate a whole read before copying anything; return its grant."""
+    def check_read(self, request_id: str, pages: Sequence[PageCopy], reader: str = "") -> Grant:
+        """Validate a whole read by `reader` before copying anything; return its grant."""
         with self._cond:
             grant = self._live(request_id)
+            if grant.reader is not None and grant.reader != reader:
+                raise TransferRefused(
+                    f"request {request_id!r} is granted to engine {grant.reader!r}, not {reader!r}"
+                )
             for i, page in enumerate(pages):
                 allowed = grant.blocks.get(page.group)
                 if allowed is None:
@@ -119,6 +129,7 @@ class GrantTable:
                         f"request {request_id!r}: page {i} asks {page.nbytes} bytes, group "
                         f"{page.group} pages are {want} bytes here (geometry mismatch)"
                     )
+            grant.reader = reader
             return grant
 
     def begin(self, grant: Grant) -> None:

@@ -1,7 +1,8 @@
 """`--kv-transport mooncake`: Mooncake Transfer Engine, TCP protocol, P2P handshake.
 
-Push on request: D registers its KV buffer with its own TransferEngine and sends P its
-session (`host:rpc_port`) and buffer address in the Read; P validates the read against
+Push on request: D registers its KV buffer with its own TransferEngine and registers its
+session (`host:rpc_port`) and buffer address with P once per connection (authenticated;
+registrations.py); P validates the read against
 the allow-list, then WRITEs the allowed pages into D's buffer. P never registers its own
 KV buffer, and Mooncake's TCP server refuses any address outside a registered buffer,
 so a peer cannot READ P's pages at all (checked in tests/transfer). A write completes at
@@ -25,9 +26,10 @@ import msgspec
 import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
+from relaykv.transfer.transport.direct import DirectRegistration, DirectWriteSender, Write
 from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane, check_rows
+from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
 
 INSTALL_HINT = (
     "apt-get install -y libibverbs1 && pip install mooncake-transfer-engine-non-cuda==0.3.13.post1"
@@ -50,11 +52,10 @@ def _new_engine(host: str) -> tuple[Any, str]:
     return engine, f"{host}:{engine.get_rpc_port()}"
 
 
-class MooncakeSink(msgspec.Struct, frozen=True):
-    session: str
-    base: int
-    num_blocks: int
-    block_bytes: int
+class MooncakeSink(DirectRegistration, frozen=True):
+    """D's registration: its engine's session (`host:rpc_port`) and its KV rows."""
+
+    session: str = ""
 
 
 class MooncakeReceiver(ReceiverPlane):
@@ -67,11 +68,14 @@ class MooncakeReceiver(ReceiverPlane):
         if rc != 0:
             raise TransferError(f"Mooncake register_memory failed ({rc})")
         self._sink = msgspec.msgpack.encode(
-            MooncakeSink(session, self._base, layout.num_blocks, layout.block_bytes)
+            MooncakeSink(self._base, layout.num_blocks, layout.block_bytes, session)
         )
 
+    def registration(self) -> bytes:
+        return self._sink
+
     def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int]:
-        return self._sink, window
+        return b"", window
 
     def land(
         self,
@@ -121,46 +125,24 @@ class _MooncakeWrite(PendingChunk):
             return True
 
 
-class MooncakeSender(SenderPlane):
-    def __init__(self, host: str, block_bytes: int) -> None:
-        self._engine, _ = _new_engine(host)
-        self._scratch = np.zeros(block_bytes, dtype=np.uint8)  # fault injection only
+class MooncakeSender(DirectWriteSender):
+    registration_type = MooncakeSink
 
-    def open_sink(self, sink: bytes) -> MooncakeSink:
-        spec = msgspec.msgpack.decode(sink, type=MooncakeSink)
+    def __init__(self, host: str, block_bytes: int) -> None:
+        super().__init__(block_bytes)
+        self._engine, _ = _new_engine(host)
+
+    def connect(self, spec: MooncakeSink) -> None:
         host, _, port = spec.session.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"bad Mooncake session {spec.session!r}")
-        if spec.num_blocks < 2 or spec.block_bytes < 1 or spec.base <= 0:
-            raise ValueError("Mooncake sink describes no buffer")
-        return spec
 
-    def check_destinations(self, sink: MooncakeSink, pages: Sequence[PageCopy]) -> None:
-        check_rows(sink.num_blocks, sink.block_bytes, pages)
+    def destination_of(self, registered: MooncakeSink) -> str:
+        return f"{registered.session}@{registered.base:x}"
 
-    def send_chunk(
-        self,
-        sink: MooncakeSink,
-        src: np.ndarray,
-        pages: Sequence[PageCopy],
-        index: int,
-        transfer_id: str,
-        corrupt: int | None,
-    ) -> PendingChunk:
-        base = src.ctypes.data
-        row = src.shape[1]
-        sources, targets, lengths = [], [], []
-        for i, page in enumerate(pages):
-            addr = base + page.src * row
-            if i == corrupt:
-                self._scratch[: page.nbytes] = src[page.src, : page.nbytes]
-                self._scratch[page.nbytes // 2] ^= 0xFF
-                addr = self._scratch.ctypes.data
-            sources.append(addr)
-            targets.append(sink.base + page.dst * sink.block_bytes)
-            lengths.append(page.nbytes)
+    def post(self, sink: MooncakeSink, writes: list[Write], tag: str) -> PendingChunk:
         batch_ids = []
-        for source, target, length in zip(sources, targets, lengths, strict=True):
+        for source, target, length in writes:
             batch_id = self._engine.transfer_submit_write(sink.session, source, target, length)
             if batch_id < 0:
                 error = f"Mooncake could not start a write to {sink.session} ({batch_id})"

@@ -1,7 +1,8 @@
 """`--kv-transport nixl`: NIXL with its UCX backend on registered host memory (DRAM).
 
 Push on request, so the allow-list is enforced for real: D registers its KV buffer with
-its own NIXL agent and sends P its agent metadata and buffer address in the Read; P
+its own NIXL agent and registers its agent metadata and buffer address with P once per
+connection (authenticated; registrations.py); P
 validates the read against the allow-list, then WRITEs the allowed pages into D's
 buffer with a notification per chunk. D treats a chunk as landed only when that
 notification has arrived (UCX delivers it after the chunk's data), then verifies the
@@ -26,9 +27,10 @@ import msgspec
 import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
+from relaykv.transfer.transport.direct import DirectRegistration, DirectWriteSender, Write
 from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane, check_rows
+from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
 
 INSTALL_HINT = "pip install nixl-cu12==1.5.1 (after torch; see docs/transports.md)"
 
@@ -51,12 +53,11 @@ def _new_agent(prefix: str) -> Any:
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 
-class NixlSink(msgspec.Struct, frozen=True):
-    agent: str
-    metadata: bytes
-    base: int
-    num_blocks: int
-    block_bytes: int
+class NixlSink(DirectRegistration, frozen=True):
+    """D's registration: its agent (name and metadata) and its KV rows."""
+
+    agent: str = ""
+    metadata: bytes = b""
 
 
 class NixlReceiver(ReceiverPlane):
@@ -70,19 +71,22 @@ class NixlReceiver(ReceiverPlane):
         )
         self._sink = msgspec.msgpack.encode(
             NixlSink(
-                self._agent.name,
-                self._agent.get_agent_metadata(),
                 buffer.ctypes.data,
                 layout.num_blocks,
                 layout.block_bytes,
+                self._agent.name,
+                self._agent.get_agent_metadata(),
             )
         )
         self._active: set[str] = set()
         self._landed: set[str] = set()
 
+    def registration(self) -> bytes:
+        return self._sink
+
     def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int]:
         self._active.add(transfer_id)
-        return self._sink, window
+        return b"", window
 
     def progress(self) -> bool:
         notifs = self._agent.get_new_notifs()
@@ -154,63 +158,46 @@ class _NixlWrite(PendingChunk):
             self._released = True
 
 
-class NixlSender(SenderPlane):
+class NixlSender(DirectWriteSender):
+    registration_type = NixlSink
+
     def __init__(self, buffer: np.ndarray, layout: PageLayout) -> None:
+        super().__init__(layout.block_bytes)
         self._agent = _new_agent("p")
-        self._scratch = np.zeros(layout.block_bytes, dtype=np.uint8)  # fault injection only
         self._regs = [
             self._agent.register_memory([(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"),
             self._agent.register_memory(
-                [(self._scratch.ctypes.data, self._scratch.nbytes, 0, "")], "DRAM"
+                [(self.scratch.ctypes.data, self.scratch.nbytes, 0, "")], "DRAM"
             ),
         ]
-        self._remotes: dict[str, bytes] = {}
+        self._remotes: set[str] = set()
 
-    def open_sink(self, sink: bytes) -> NixlSink:
-        spec = msgspec.msgpack.decode(sink, type=NixlSink)
-        if spec.num_blocks < 2 or spec.block_bytes < 1 or spec.base <= 0:
-            raise ValueError("NIXL sink describes no buffer")
-        known = self._remotes.get(spec.agent)
-        if known != spec.metadata:
-            if known is not None:
+    def connect(self, spec: NixlSink) -> None:
+        if spec.agent in self._remotes:
+            raise ValueError(f"NIXL agent {spec.agent!r} is registered already")
+        loaded = self._agent.add_remote_agent(spec.metadata)
+        loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        if loaded != spec.agent:
+            self._agent.remove_remote_agent(loaded)
+            raise ValueError(f"NIXL metadata is for agent {loaded!r}, not {spec.agent!r}")
+        self._remotes.add(spec.agent)
+
+    def destination_of(self, registered: NixlSink) -> str:
+        return registered.agent
+
+    def disconnect(self, spec: NixlSink) -> None:
+        if spec.agent in self._remotes:
+            self._remotes.discard(spec.agent)
+            with contextlib.suppress(Exception):
                 self._agent.remove_remote_agent(spec.agent)
-            loaded = self._agent.add_remote_agent(spec.metadata)
-            loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
-            if loaded != spec.agent:
-                self._agent.remove_remote_agent(loaded)
-                raise ValueError(f"NIXL metadata is for agent {loaded!r}, not {spec.agent!r}")
-            self._remotes[spec.agent] = spec.metadata
-        return spec
 
-    def check_destinations(self, sink: NixlSink, pages: Sequence[PageCopy]) -> None:
-        check_rows(sink.num_blocks, sink.block_bytes, pages)
-
-    def send_chunk(
-        self,
-        sink: NixlSink,
-        src: np.ndarray,
-        pages: Sequence[PageCopy],
-        index: int,
-        transfer_id: str,
-        corrupt: int | None,
-    ) -> PendingChunk:
-        base = src.ctypes.data
-        row = src.shape[1]
-        local, remote = [], []
-        for i, page in enumerate(pages):
-            addr = base + page.src * row
-            if i == corrupt:
-                self._scratch[: page.nbytes] = src[page.src, : page.nbytes]
-                self._scratch[page.nbytes // 2] ^= 0xFF
-                addr = self._scratch.ctypes.data
-            local.append((addr, page.nbytes, 0))
-            remote.append((sink.base + page.dst * sink.block_bytes, page.nbytes, 0))
+    def post(self, sink: NixlSink, writes: list[Write], tag: str) -> PendingChunk:
         handle = self._agent.initialize_xfer(
             "WRITE",
-            self._agent.get_xfer_descs(local, "DRAM"),
-            self._agent.get_xfer_descs(remote, "DRAM"),
+            self._agent.get_xfer_descs([(src, n, 0) for src, _, n in writes], "DRAM"),
+            self._agent.get_xfer_descs([(dst, n, 0) for _, dst, n in writes], "DRAM"),
             sink.agent,
-            f"{transfer_id}:{index}".encode(),
+            tag.encode(),
         )
         write = _NixlWrite(self._agent, handle)
         if self._agent.transfer(handle) == "ERR":

@@ -14,6 +14,7 @@ transport only says how a chunk of pages gets from P's buffer into D's pages:
 Safety rules every plane follows:
 * P's plane reads only the source pages the server core hands it (already validated
   against the allow-list) and never gives D a way to address P's memory.
+* P's plane writes only within the memory the reader registered (once, authenticated).
 * D's plane writes only the destination pages of the chunk it is landing.
 * Planes never decide success: the core verifies digests over the destination pages.
 """
@@ -74,11 +75,35 @@ def check_rows(num_blocks: int, block_bytes: int, pages: Sequence[PageCopy]) -> 
 
 
 class SenderPlane(ABC):
-    """P side of a transport (used from the server's thread only, after construction)."""
+    """P side of a transport (used from the server's thread only, after construction).
 
-    @abstractmethod
-    def open_sink(self, sink: bytes) -> Any:
-        """Parse and check D's sink; raise ValueError if it is malformed or unusable."""
+    A reader's destination memory comes from its registration (`register`, once per reader,
+    authenticated; registrations.py), never from a Read: a Read's `sink` only selects within
+    it (shm staging: which slots this transfer may use).
+    """
+
+    def register(self, registration: bytes) -> Any:
+        """Parse and open a reader's destination memory; ValueError if it is unusable."""
+        if registration:
+            raise ValueError("this transport takes no registration")
+        return None
+
+    def destination_of(self, registered: Any) -> str:
+        """A name for the registered memory (one reader per destination); "" for none."""
+        return ""
+
+    def alive(self, registered: Any) -> bool:
+        """False once the registered memory's owner is known to be gone (P drops it)."""
+        return True
+
+    def unregister(self, registered: Any) -> None:  # noqa: B027 - optional hook
+        """Forget a registration (unmap, drop the remote agent)."""
+
+    def open_sink(self, registered: Any, sink: bytes) -> Any:
+        """The destination of one transfer within the registration; ValueError if bad."""
+        if sink:
+            raise ValueError("this transport takes no per-transfer sink")
+        return registered
 
     def check_destinations(self, sink: Any, pages: Sequence[PageCopy]) -> None:  # noqa: B027
         """Raise ValueError if a destination page lies outside what the sink offers."""
@@ -115,9 +140,14 @@ class ReceiverPlane(ABC):
 
     remote_writes = False
 
+    def registration(self) -> bytes:
+        """This reader's destination memory, as P must open it (sent once per connection)."""
+        return b""
+
     @abstractmethod
     def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int] | None:
-        """Resources for one transfer: (sink to send P, window granted), or None to wait."""
+        """Resources for one transfer: (per-transfer sink to send P, window granted), or
+        None to wait."""
 
     @abstractmethod
     def land(

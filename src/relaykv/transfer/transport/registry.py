@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 
+from relaykv.transfer.transport.auth import SECRET_ENV, SecretError, load_secret_file
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 
 DEFAULT_TRANSPORT = "shm"
@@ -66,10 +68,25 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         help="control port of the serving endpoint (default 0: any free port)",
     )
     group.add_argument(
+        "--kv-secret-file",
+        default=os.environ.get(SECRET_ENV) or None,
+        help="file (mode 0600) holding the cluster's KV transfer secret, which authenticates "
+        f"every transfer message and signs grants (default ${SECRET_ENV}; `relaykv up` "
+        "makes one; two hosts share one file)",
+    )
+    group.add_argument(
         "--kv-transfer-timeout",
         type=float,
         default=30.0,
         help="seconds before a KV read fails (default 30)",
+    )
+    group.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=None,
+        metavar="G",
+        help="tcp only: pace P's page sends like a G Gbit/s link between two hosts "
+        "(experiments on one machine; default: unpaced)",
     )
 
 
@@ -79,9 +96,29 @@ def options_from_args(args: argparse.Namespace) -> TransportOptions:
         raise ValueError(f"--kv-transfer-port must be in 0..65535, got {args.kv_transfer_port}")
     if args.kv_transfer_timeout <= 0:
         raise ValueError(f"--kv-transfer-timeout must be > 0, got {args.kv_transfer_timeout}")
+    link = getattr(args, "kv_link_gbps", None)
+    if link is not None:
+        if not link > 0:
+            raise ValueError(f"--kv-link-gbps must be > 0, got {link}")
+        if getattr(args, "kv_transport", "tcp") != "tcp":
+            raise ValueError(
+                f"--kv-link-gbps paces the tcp transport only, not --kv-transport "
+                f"{args.kv_transport}"
+            )
+    secret_file = getattr(args, "kv_secret_file", None)
+    if secret_file:
+        try:
+            secret = load_secret_file(secret_file)
+        except SecretError as exc:
+            raise ValueError(f"--kv-secret-file is unusable: {exc}") from None
+    else:
+        secret = None  # this process's own (library and test use; see auth.py)
     return TransportOptions(
+        secret=secret,
+        link_gbps=link,
         host=args.kv_transfer_host,
         port=args.kv_transfer_port,
         timeout_s=args.kv_transfer_timeout,
         connect_timeout_s=min(5.0, args.kv_transfer_timeout),
+        idle_timeout_s=min(5.0, args.kv_transfer_timeout),
     )

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaykv.transfer.transport.errors import TransferError, TransferRefused
 from relaykv.transfer.transport.faults import FaultPlan
-from relaykv.transfer.transport.grants import Grant
-from relaykv.transfer.transport.layout import PageCopy
+from relaykv.transfer.transport.grants import Grant, GrantTable
+from relaykv.transfer.transport.layout import PageCopy, PageLayout
+from relaykv.transfer.transport.planes import PendingChunk
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,30 @@ class ServeJob:
     dead: bool = False  # die_after_pages fired: silent from now on
     cancelled: bool = False
 
+    def can_send(self, now: float) -> bool:
+        """A chunk may start: alive, not cancelled, pages left, credit in the window."""
+        return (
+            not self.dead
+            and not self.cancelled
+            and self.next_chunk < len(self.chunks)
+            and self.next_chunk - self.credited < self.window
+            and now >= self.not_before
+        )
+
+
+def parse_pages(layout: PageLayout, raw: list[tuple[int, int, int, int]]) -> list[PageCopy]:
+    """A Read's pages, with groups and source blocks in range (else TransferRefused)."""
+    if not raw:
+        raise TransferRefused("a read needs at least one page")
+    pages = []
+    for i, (group, src, dst, nbytes) in enumerate(raw):
+        if not 0 <= group < layout.num_groups:
+            raise TransferRefused(f"page {i}: group {group} out of range")
+        if not 0 < src < layout.num_blocks:
+            raise TransferRefused(f"page {i}: source block {src} out of range")
+        pages.append(PageCopy(group, src, dst, nbytes))
+    return pages
+
 
 def plan_chunks(pages: list[PageCopy], limit: int) -> list[tuple[int, int]]:
     """Split pages into chunks of whole pages, each up to `limit` bytes (>= 1 page)."""
@@ -60,3 +90,36 @@ def plan_chunks(pages: list[PageCopy], limit: int) -> list[tuple[int, int]]:
         size += page.nbytes
     chunks.append((first, len(pages) - first))
     return chunks
+
+
+ORPHAN_WAIT_S = 60.0  # how long an unstoppable write of an ended transfer is awaited
+
+
+@dataclass(slots=True)
+class OrphanWrites:
+    """Chunks of ended transfers that could not be stopped: each keeps its grant's copy
+    count up until it finishes, so `release` still waits for it (safety rule 4, base.py)."""
+
+    running: list[tuple[PendingChunk, Grant, float]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.running)
+
+    def add(self, pending: PendingChunk, grant: Grant) -> None:
+        self.running.append((pending, grant, time.monotonic() + ORPHAN_WAIT_S))
+
+    def poll(self, grants: GrantTable) -> None:
+        now = time.monotonic()
+        still = []
+        for pending, grant, give_up in self.running:
+            try:
+                finished = pending.poll()
+            except TransferError:
+                finished = True
+            if finished or now > give_up:
+                if not finished:
+                    log.error("kv transfer server: a write did not finish in %ss", ORPHAN_WAIT_S)
+                grants.end(grant)
+            else:
+                still.append((pending, grant, give_up))
+        self.running = still

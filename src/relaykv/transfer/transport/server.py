@@ -23,20 +23,28 @@ import numpy as np
 import zmq
 
 from relaykv.transfer.transport import wire
+from relaykv.transfer.transport.auth import MessageAuth, default_secret
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import TransferError, TransferRefused
 from relaykv.transfer.transport.faults import NO_FAULTS, FaultPlan
-from relaykv.transfer.transport.grants import Grant, GrantTable
+from relaykv.transfer.transport.grants import GrantTable
 from relaykv.transfer.transport.integrity import source_digests
-from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, SenderPlane
-from relaykv.transfer.transport.serve_jobs import ServeEvent, ServeJob, plan_chunks
+from relaykv.transfer.transport.layout import PageLayout
+from relaykv.transfer.transport.planes import SenderPlane
+from relaykv.transfer.transport.registrations import ReaderRegistry, ReplayGuard
+from relaykv.transfer.transport.serve_jobs import (
+    OrphanWrites,
+    ServeEvent,
+    ServeJob,
+    parse_pages,
+    plan_chunks,
+)
+from relaykv.transfer.transport.sockets import bind_router
 
 log = logging.getLogger(__name__)
 
 MAX_WINDOW = 64
 DONE_GRACE_S = 5.0  # how long a finished transfer waits for D's Ack
-ORPHAN_WAIT_S = 60.0  # how long an unstoppable write of an ended transfer is awaited
 
 
 class TransferServer:
@@ -55,9 +63,12 @@ class TransferServer:
         chunk_bytes: int = 4 << 20,
         meta: Mapping[str, str] | None = None,
         context: zmq.Context | None = None,
+        secret: bytes | None = None,
     ) -> None:
         self.layout = layout
         self.grants = GrantTable(layout)
+        self.readers = ReaderRegistry(plane)
+        self._replays = ReplayGuard()
         self._transport = transport
         self._plane = plane
         self._buffer = buffer
@@ -66,29 +77,20 @@ class TransferServer:
         self._faults = NO_FAULTS
         self._events: deque[ServeEvent] = deque()
         self._jobs: dict[tuple[bytes, str], ServeJob] = {}
-        self._orphans: list[tuple[PendingChunk, Grant, float]] = []
-        self._stats = {"bytes_sent": 0, "pages_sent": 0, "reads": 0, "refused": 0}
+        self._orphans = OrphanWrites()
+        self._stats = dict.fromkeys(
+            ("bytes_sent", "pages_sent", "reads", "refused", "unauthenticated"), 0)
         self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # credits bound what is queued
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished reader raises, not hangs
-        bind_host = f"[{host}]" if ":" in host else host
-        if ":" in host:
-            self._sock.setsockopt(zmq.IPV6, 1)
-        if port:
-            self._sock.bind(f"tcp://{bind_host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
+        self._sock, port = bind_router(self._ctx, host, port)
         self.descriptor = KVSourceDescriptor(
             engine_id=engine_id,
             transport=transport,
             host=host,
-            port=int(port),
+            port=port,
             layout=layout.to_wire(),
             meta=dict(meta or {}),
         )
-        self._codec = wire.Codec()
+        self._codec = wire.Codec(MessageAuth(default_secret() if secret is None else secret))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-serve-{engine_id}", daemon=True)
         self._started = False
@@ -101,11 +103,15 @@ class TransferServer:
         return self
 
     def allow(
-        self, request_id: str, blocks: Mapping[int, Iterable[int]], lease_deadline: float
+        self,
+        request_id: str,
+        blocks: Mapping[int, Iterable[int]],
+        lease_deadline: float,
+        reader: str | None = None,
     ) -> None:
-        """Readers may have `blocks` (`{group: [block ids]}`) until `lease_deadline`
-        (time.monotonic() seconds)."""
-        self.grants.allow(request_id, blocks, lease_deadline)
+        """`reader` (None: the first to read) may have `blocks` ({group: [ids]}) until
+        `lease_deadline` (time.monotonic() seconds)."""
+        self.grants.allow(request_id, blocks, lease_deadline, reader)
 
     def extend(self, request_id: str, lease_deadline: float) -> None:
         self.grants.extend(request_id, lease_deadline)
@@ -120,10 +126,7 @@ class TransferServer:
 
     def events(self) -> list[ServeEvent]:
         """Drain what happened since the last call."""
-        out = []
-        while self._events:
-            out.append(self._events.popleft())
-        return out
+        return [self._events.popleft() for _ in range(len(self._events))]
 
     def stats(self) -> dict[str, int]:
         return dict(self._stats, transfers_in_flight=len(self._jobs), grants=len(self.grants))
@@ -133,6 +136,7 @@ class TransferServer:
         if self._started:
             self._thread.join(timeout=10)
         self._sock.close(0)
+        self.readers.close()
         self._plane.close()
 
     def __enter__(self) -> TransferServer:
@@ -161,9 +165,11 @@ class TransferServer:
                     self._drain()
                 self._advance_all()
                 if self._orphans:
-                    self._poll_orphans()
+                    self._orphans.poll(self.grants)
                 now = time.monotonic()
                 if now - last_sweep > 0.05:
+                    if int(now) != int(last_sweep):
+                        self.readers.prune()  # once a second: unmap dead readers' memory
                     last_sweep = now
                     for rid in self.grants.sweep_expired():
                         self._events.append(ServeEvent("expired", rid))
@@ -178,8 +184,8 @@ class TransferServer:
         wait = 1.0 if self._orphans else 50.0
         for job in self._jobs.values():
             if job.pending:
-                return 1 if not self._can_send(job, now) else 0
-            if self._can_send(job, now):
+                return 1 if not job.can_send(now) else 0
+            if job.can_send(now):
                 return 0
             if job.not_before > now and not job.dead:
                 wait = min(wait, (job.not_before - now) * 1000)
@@ -188,15 +194,24 @@ class TransferServer:
     def _drain(self) -> None:
         while True:
             try:
-                identity, payload = self._sock.recv_multipart(zmq.NOBLOCK)
+                parts = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:
-                continue  # wrong frame count: not one of ours
             try:
-                msg = self._codec.decode_to_server(payload)
+                if len(parts) != 3:
+                    raise wire.Unauthenticated("wrong frame count: not one of ours")
+                identity, tag, payload = parts
+                msg = self._codec.decode_to_server(tag, payload)
+            except wire.Unauthenticated:
+                count = self._stats["unauthenticated"] = self._stats["unauthenticated"] + 1
+                if count in (1, 10, 100) or not count % 10000:  # a flood must not flood the log
+                    log.warning("kv transfer server: %d unauthenticated messages dropped", count)
+                continue
             except Exception as exc:
                 log.warning("kv transfer server: undecodable message dropped (%s)", exc)
+                continue
+            if isinstance(msg, wire.Register):
+                self.readers.register_logged(msg.reader, msg.registration)
                 continue
             if isinstance(msg, wire.Read):
                 self._on_read(identity, msg)
@@ -229,15 +244,19 @@ class TransferServer:
             self._events.append(ServeEvent("dropped", msg.request_id, msg.transfer_id))
             return
         try:
-            pages = self._parse_pages(msg)
-            grant = self.grants.check_read(msg.request_id, pages)
+            stale = self._replays.check(msg.transfer_id, msg.issued_at)
+            if stale is not None:
+                raise TransferRefused(stale)
+            registered = self.readers.get(msg.reader)
+            if registered is None:
+                raise TransferRefused(f"reader {msg.reader!r} has not registered its memory")
+            pages = parse_pages(self.layout, msg.pages)
+            grant = self.grants.check_read(msg.request_id, pages, msg.reader)
             try:
-                sink = self._plane.open_sink(msg.sink)
+                sink = self._plane.open_sink(registered.opened, msg.sink)
                 self._plane.check_destinations(sink, pages)
             except (ValueError, KeyError, OSError, TransferError, msgspec.MsgspecError) as exc:
                 raise TransferRefused(f"unusable destination: {exc}") from exc
-            if (identity, msg.transfer_id) in self._jobs:
-                raise TransferRefused(f"transfer {msg.transfer_id!r} is already running")
         except TransferRefused as exc:
             self._stats["refused"] += 1
             self._events.append(ServeEvent("refused", msg.request_id, msg.transfer_id, 0, str(exc)))
@@ -259,33 +278,12 @@ class TransferServer:
             job.not_before = time.monotonic() + faults.delay_s
         self._jobs[(identity, msg.transfer_id)] = job
 
-    def _parse_pages(self, msg: wire.Read) -> list[PageCopy]:
-        if not msg.pages:
-            raise TransferRefused("a read needs at least one page")
-        pages = []
-        for i, (group, src, dst, nbytes) in enumerate(msg.pages):
-            if not 0 <= group < self.layout.num_groups:
-                raise TransferRefused(f"page {i}: group {group} out of range")
-            if not 0 < src < self.layout.num_blocks:
-                raise TransferRefused(f"page {i}: source block {src} out of range")
-            pages.append(PageCopy(group, src, dst, nbytes))
-        return pages
-
-    def _can_send(self, job: ServeJob, now: float) -> bool:
-        return (
-            not job.dead
-            and not job.cancelled
-            and job.next_chunk < len(job.chunks)
-            and job.next_chunk - job.credited < job.window
-            and now >= job.not_before
-        )
-
     def _advance_all(self) -> None:
         now = time.monotonic()
         for job in list(self._jobs.values()):
             try:
                 self._complete_pending(job)
-                if self._can_send(job, now):
+                if job.can_send(now):
                     self._start_chunk(job, now)
                     self._complete_pending(job)
                 if (
@@ -393,25 +391,9 @@ class TransferServer:
             if stopped:
                 self.grants.end(job.grant)
             else:
-                self._orphans.append((pending, job.grant, time.monotonic() + ORPHAN_WAIT_S))
+                self._orphans.add(pending, job.grant)
         self._jobs.pop((job.identity, job.transfer_id), None)
 
-    def _poll_orphans(self) -> None:
-        now = time.monotonic()
-        still = []
-        for pending, grant, give_up in self._orphans:
-            try:
-                finished = pending.poll()
-            except TransferError:
-                finished = True
-            if finished or now > give_up:
-                if not finished:
-                    log.error("kv transfer server: a write did not finish in %ss", ORPHAN_WAIT_S)
-                self.grants.end(grant)
-            else:
-                still.append((pending, grant, give_up))
-        self._orphans = still
-
     def _send(self, identity: bytes, msg: Any, frames: Iterable[Any] = ()) -> None:
-        parts = [identity, self._codec.encode(msg), *frames]
+        parts = [identity, *self._codec.to_client(msg), *frames]
         self._sock.send_multipart(parts, copy=False)

@@ -13,22 +13,21 @@ slot, saving D's copy (the same push model as nixl/mooncake; D then only verifie
 
 Why never mapping P's KV buffer: a reader that could map P's buffer could read any page
 of any request; here only pages P validated ever leave P's memory (safety rule 1,
-base.py). The name P opens is checked against a strict pattern so a reader cannot point
-P at another file.
+base.py). Where P writes comes only from D's registration (once per connection, over the
+authenticated plane; registrations.py): a file whose name matches a strict pattern, owned by
+this user with mode 0600, registered by no other reader; a Read only picks slots or rows
+inside it (docs/security.md). P unmaps it once D's process is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import mmap
 import os
-import re
+import stat
 import time
-import uuid
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -39,75 +38,45 @@ from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.integrity import page_digest
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.shm_files import (
+    NAME_PATTERN,
+    SHM_DIR,
+    SharedFile,
+    SharedKVBuffer,
+    owner_alive,
+)
 
-SHM_DIR = "/dev/shm"
-NAME_PATTERN = re.compile(r"relaykv-[0-9a-f]{32}")
+__all__ = ["SharedKVBuffer", "ShmRegistration", "ShmSlots", "ShmTransport"]
+
 QUARANTINE_S = 2.0  # a failed transfer's slots rest this long before reuse
-MAX_MAPPINGS = 32
 
 
-class ShmSink(msgspec.Struct, frozen=True):
-    """Staging: `slots` of `slot_bytes` in file `name`. Direct: the file is D's KV buffer,
-    rows of `slot_bytes` (= block_bytes) indexed by destination block; `slots` is empty."""
+class ShmRegistration(msgspec.Struct, frozen=True):
+    """D's file, registered once: a staging area of slots of `slot_bytes`, or (direct) D's
+    KV buffer itself, rows of `slot_bytes` (= block_bytes) indexed by destination block."""
 
     name: str
     slot_bytes: int
-    slots: list[int]
     direct: bool = False
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+class ShmSlots(msgspec.Struct, frozen=True):
+    """Per transfer (staging only): the slots D lent it."""
+
+    slots: list[int]
 
 
-class SharedFile:
-    """A fresh shared-memory file (mode 0600), unlinked when this object goes away."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.name = f"relaykv-{uuid.uuid4().hex}"
-        path = os.path.join(SHM_DIR, self.name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            self._map = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        self._finalizer = weakref.finalize(self, _unlink, path)
-        self.bytes = np.frombuffer(self._map, dtype=np.uint8)
-
-    def close(self) -> None:
-        self._finalizer()
+@dataclass(slots=True)
+class _Mapped:
+    spec: ShmRegistration
+    rows: np.ndarray  # [n, slot_bytes] view of the mapping
 
 
-_SHARED_BUFFERS: weakref.WeakValueDictionary[int, SharedKVBuffer] = weakref.WeakValueDictionary()
-
-
-class SharedKVBuffer:
-    """A KV buffer `[num_blocks, block_bytes]` in shared memory, for shm direct mode.
-
-    The engine allocates its KV buffer with this (and gives `array`, or
-    `torch.from_numpy(array)`, to the model layer) so that P can write received pages
-    straight into it. Keep this object alive as long as the buffer is used.
-    """
-
-    def __init__(self, layout: PageLayout) -> None:
-        self.layout = layout
-        self._file = SharedFile(layout.total_bytes)
-        self.name = self._file.name
-        self.array = self._file.bytes.reshape(layout.num_blocks, layout.block_bytes)
-        _SHARED_BUFFERS[self.array.ctypes.data] = self
-
-    @classmethod
-    def owning(cls, array: np.ndarray) -> SharedKVBuffer | None:
-        """The shared buffer `array` is exactly, if any."""
-        found = _SHARED_BUFFERS.get(array.ctypes.data)
-        if found is not None and found.array.shape == array.shape:
-            return found
-        return None
-
-    def close(self) -> None:
-        self._file.close()
+@dataclass(slots=True)
+class _Sink:
+    rows: np.ndarray
+    spec: ShmRegistration
+    slots: list[int]
 
 
 class ShmReceiver(ReceiverPlane):
@@ -115,12 +84,12 @@ class ShmReceiver(ReceiverPlane):
         shared = SharedKVBuffer.owning(buffer)
         self.direct = shared is not None
         self.remote_writes = self.direct
-        self._direct_sink = b""
-        if shared is not None:
-            self._direct_sink = msgspec.msgpack.encode(
-                ShmSink(shared.name, layout.block_bytes, [], direct=True)
-            )
         self.slot_bytes = max(options.chunk_bytes, layout.block_bytes)
+        self._registration = b""
+        if shared is not None:
+            self._registration = msgspec.msgpack.encode(
+                ShmRegistration(shared.name, layout.block_bytes, direct=True)
+            )
         num_slots = 0 if self.direct else max(2, options.staging_bytes // self.slot_bytes)
         self._area: SharedFile | None = None
         self._num_slots = num_slots
@@ -128,11 +97,18 @@ class ShmReceiver(ReceiverPlane):
         self._owned: dict[str, list[int]] = {}
         self._resting: list[tuple[float, list[int]]] = []
 
+    def registration(self) -> bytes:
+        if not self._registration:  # the staging area, created on first use (IO thread)
+            self._area = SharedFile(self._num_slots * self.slot_bytes)
+            self._registration = msgspec.msgpack.encode(
+                ShmRegistration(self._area.name, self.slot_bytes)
+            )
+        return self._registration
+
     def reserve(self, transfer_id: str, total_bytes: int, window: int) -> tuple[bytes, int] | None:
         if self.direct:
-            return self._direct_sink, window
-        if self._area is None:  # created on first use, in the IO thread
-            self._area = SharedFile(self._num_slots * self.slot_bytes)
+            return b"", window
+        self.registration()
         now = time.monotonic()
         while self._resting and self._resting[0][0] <= now:
             self._free.extend(self._resting.pop(0)[1])
@@ -141,8 +117,7 @@ class ShmReceiver(ReceiverPlane):
             return None
         slots = [self._free.pop() for _ in range(want)]
         self._owned[transfer_id] = slots
-        sink = ShmSink(self._area.name, self.slot_bytes, slots)
-        return msgspec.msgpack.encode(sink), want
+        return msgspec.msgpack.encode(ShmSlots(slots)), want
 
     def land(
         self,
@@ -185,50 +160,58 @@ class ShmReceiver(ReceiverPlane):
 
 
 class ShmSender(SenderPlane):
-    def __init__(self) -> None:
-        self._maps: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-
-    def open_sink(self, sink: bytes) -> tuple[np.ndarray, ShmSink]:
-        spec = msgspec.msgpack.decode(sink, type=ShmSink)
+    def register(self, registration: bytes) -> _Mapped:
+        spec = msgspec.msgpack.decode(registration, type=ShmRegistration)
         if not NAME_PATTERN.fullmatch(spec.name):
-            raise ValueError(f"staging name {spec.name!r} is not a relaykv staging area")
-        if spec.slot_bytes < 1 or bool(spec.slots) == spec.direct:
-            raise ValueError("a sink needs slot_bytes >= 1 and slots unless it is direct")
-        key = (spec.name, spec.slot_bytes)
-        slots = self._maps.get(key)
-        if slots is None:
-            fd = os.open(os.path.join(SHM_DIR, spec.name), os.O_RDWR | os.O_NOFOLLOW)
-            try:
-                size = os.fstat(fd).st_size
-                if size == 0 or size % spec.slot_bytes:
-                    raise ValueError(f"staging size {size} is not a multiple of {spec.slot_bytes}")
-                mapping = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-            slots = np.frombuffer(mapping, dtype=np.uint8).reshape(-1, spec.slot_bytes)
-            self._maps[key] = slots
-            while len(self._maps) > MAX_MAPPINGS:
-                self._maps.popitem(last=False)  # unmapped once no view refers to it
-        self._maps.move_to_end(key)
-        bad = [s for s in spec.slots if not 0 <= s < slots.shape[0]]
-        if bad:
-            raise ValueError(f"staging slots {bad} out of range 0..{slots.shape[0] - 1}")
-        return slots, spec
+            raise ValueError(f"{spec.name!r} is not a relaykv shared-memory file")
+        if spec.slot_bytes < 1:
+            raise ValueError("a registration needs slot_bytes >= 1")
+        fd = os.open(os.path.join(SHM_DIR, spec.name), os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not stat.S_ISREG(
+                info.st_mode
+            ):
+                raise ValueError(f"{spec.name} is not a private file of this user")
+            size = info.st_size
+            if size == 0 or size % spec.slot_bytes:
+                raise ValueError(f"file size {size} is not a multiple of {spec.slot_bytes}")
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return _Mapped(spec, np.frombuffer(mapping, dtype=np.uint8).reshape(-1, spec.slot_bytes))
 
-    def check_destinations(self, sink: Any, pages: Sequence[PageCopy]) -> None:
-        rows, spec = sink
+    def destination_of(self, registered: _Mapped) -> str:
+        return registered.spec.name
+
+    def alive(self, registered: _Mapped) -> bool:
+        return owner_alive(registered.spec.name)
+
+    def open_sink(self, registered: _Mapped, sink: bytes) -> _Sink:
+        if registered.spec.direct:
+            if sink:
+                raise ValueError("a direct registration takes no slots")
+            return _Sink(registered.rows, registered.spec, [])
+        slots = msgspec.msgpack.decode(sink, type=ShmSlots).slots
+        bad = [s for s in slots if not 0 <= s < registered.rows.shape[0]]
+        if not slots or bad:
+            raise ValueError(f"staging slots {bad or slots} out of range")
+        return _Sink(registered.rows, registered.spec, slots)
+
+    def check_destinations(self, sink: _Sink, pages: Sequence[PageCopy]) -> None:
         for page in pages:
-            if spec.direct and not 0 < page.dst < rows.shape[0]:
+            if sink.spec.direct and not 0 < page.dst < sink.rows.shape[0]:
                 raise ValueError(f"destination block {page.dst} is outside D's buffer")
-            if page.nbytes > spec.slot_bytes:
-                raise ValueError(f"a {page.nbytes}-byte page does not fit {spec.slot_bytes} bytes")
+            if page.nbytes > sink.spec.slot_bytes:
+                raise ValueError(
+                    f"a {page.nbytes}-byte page does not fit {sink.spec.slot_bytes} bytes"
+                )
 
     def max_chunk_bytes(self, sink: Any, default: int) -> int:
-        return default if sink[1].direct else min(default, sink[1].slot_bytes)
+        return default if sink.spec.direct else min(default, sink.spec.slot_bytes)
 
-    def slot_of(self, sink: Any, index: int) -> int:
-        slots = sink[1].slots
-        return slots[index % len(slots)] if slots else -1
+    def slot_of(self, sink: _Sink, index: int) -> int:
+        return sink.slots[index % len(sink.slots)] if sink.slots else -1
 
     def send_chunk(
         self,
@@ -239,9 +222,9 @@ class ShmSender(SenderPlane):
         transfer_id: str,
         corrupt: int | None,
     ) -> PendingChunk:
-        rows, spec = sink
+        rows = sink.rows
         digests = []
-        if spec.direct:  # straight into D's destination rows
+        if sink.spec.direct:  # straight into D's destination rows
             for i, page in enumerate(pages):
                 target = rows[page.dst, : page.nbytes]
                 np.copyto(target, src[page.src, : page.nbytes])
@@ -263,9 +246,6 @@ class ShmSender(SenderPlane):
                 target[page.nbytes // 2] ^= 0xFF
             offset += page.nbytes
         return ReadyChunk(digests=digests)
-
-    def close(self) -> None:
-        self._maps.clear()
 
 
 class ShmTransport(KVTransport):

@@ -3,11 +3,18 @@
 For two hosts without extra libraries. P copies each page of a chunk into a message
 frame after validating the read; D copies the frames into its destination pages and
 verifies them. Credits (window) bound how much is queued in ZeroMQ at once.
+
+`--kv-link-gbps G` shapes the sends like a link of G Gbit/s between two hosts, for
+experiments on one machine (docs/transports.md, "A link-shaped tcp transport"): chunks
+leave P one after another, each holding the link for `bytes * 8 / G` seconds, and a chunk's
+frames are handed to ZeroMQ only when its last bit would have left. What a policy saves
+in bytes then shows as time, as it would between hosts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +26,42 @@ from relaykv.transfer.transport.layout import PageCopy, PageLayout
 from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, ReceiverPlane, SenderPlane
 
 
+class LinkPacer:
+    """A serial link of `gbps` Gbit/s shared by every transfer of one sender.
+
+    `reserve(nbytes)` books the link for `nbytes` after whatever is already booked and
+    returns when the last bit leaves (monotonic seconds)."""
+
+    def __init__(self, gbps: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not gbps > 0:
+            raise ValueError(f"link rate must be > 0 Gbit/s, got {gbps}")
+        self.bytes_per_s = gbps * 1e9 / 8
+        self.clock = clock
+        self.busy_until = 0.0
+
+    def reserve(self, nbytes: int) -> float:
+        start = max(self.clock(), self.busy_until)
+        self.busy_until = start + nbytes / self.bytes_per_s
+        return self.busy_until
+
+
+class PacedChunk(PendingChunk):
+    """A chunk whose frames are ready but may go only once the link has carried them."""
+
+    __slots__ = ("clock", "digests", "frames", "ready_at")
+
+    def __init__(
+        self, frames: Sequence[Any], digests: list[int], ready_at: float, clock: Callable[[], float]
+    ) -> None:
+        self.frames, self.digests, self.ready_at, self.clock = frames, digests, ready_at, clock
+
+    def poll(self) -> bool:
+        return self.clock() >= self.ready_at
+
+
 class TcpSender(SenderPlane):
-    def open_sink(self, sink: bytes) -> None:
-        if sink:
-            raise ValueError("the tcp transport takes no sink")
+    def __init__(self, pacer: LinkPacer | None = None) -> None:
+        self.pacer = pacer
 
     def send_chunk(
         self,
@@ -43,6 +82,9 @@ class TcpSender(SenderPlane):
                 flipped[len(flipped) // 2] ^= 0xFF
                 data = bytes(flipped)
             frames.append(data)
+        if self.pacer is not None:
+            ready_at = self.pacer.reserve(sum(len(f) for f in frames))
+            return PacedChunk(frames, digests, ready_at, self.pacer.clock)
         return ReadyChunk(frames, digests)
 
 
@@ -79,7 +121,7 @@ class TcpTransport(KVTransport):
     def sender_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions
     ) -> SenderPlane:
-        return TcpSender()
+        return TcpSender(LinkPacer(options.link_gbps) if options.link_gbps else None)
 
     def receiver_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions

@@ -5,9 +5,18 @@ the messages it accepts. Page bytes travel outside these headers: as extra ZeroM
 (tcp), in a shared-memory staging slot (shm) or written by the RDMA-style engine (nixl,
 mooncake).
 
+Every message travels as two frames, `[HMAC-SHA256 tag, msgpack]` (auth.py: the tag proves
+the sender holds the cluster secret; anything else is dropped unread), then any page frames.
+
+Once per connection D registers where P may write (its shm file, NIXL agent or Mooncake
+buffer, and its row count): P keeps that registration per reader engine and never takes a
+destination from a Read again (docs/security.md).
+
+    D -> P  Register(reader, registration)
+
 Conversation of one transfer (D's DEALER <-> P's ROUTER):
 
-    D -> P  Read(transfer_id, request_id, pages, sink, window, timeout_s)
+    D -> P  Read(transfer_id, request_id, pages, sink, window, timeout_s, reader, issued_at)
     P -> D  Refused(reason)                        nothing copied, end
     P -> D  Chunk(index, first_page, digests, ...)  up to `window` unacknowledged
     D -> P  Credit(index)                           D consumed chunk `index`
@@ -25,16 +34,25 @@ from __future__ import annotations
 
 import msgspec
 
+from relaykv.transfer.transport.auth import TO_CLIENT, TO_SERVER, MessageAuth
+
 Page = tuple[int, int, int, int]  # (group, src block, dst block, nbytes)
+
+
+class Register(msgspec.Struct, tag="register", frozen=True):
+    reader: str  # D's engine id
+    registration: bytes  # transport-specific: D's destination memory (msgpack of a struct)
 
 
 class Read(msgspec.Struct, tag="read", frozen=True):
     transfer_id: str
     request_id: str
     pages: list[Page]
-    sink: bytes  # transport-specific: where P must put the bytes (msgpack of a struct)
+    sink: bytes  # transport-specific, per transfer (shm staging: the slots lent to it)
     window: int
     timeout_s: float
+    reader: str = ""  # D's engine id: the registration P writes into
+    issued_at: float = 0.0  # D's wall clock; P refuses stale (replayed) reads
 
 
 class Credit(msgspec.Struct, tag="credit", frozen=True):
@@ -89,23 +107,38 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     reason: str
 
 
-ToServer = Read | Credit | Cancel | Ack | Release | KeepAlive
+ToServer = Register | Read | Credit | Cancel | Ack | Release | KeepAlive
 ToClient = Refused | Chunk | Done | Failed
 
 
-class Codec:
-    """Per-thread encoder/decoders (msgspec objects are used from one thread each)."""
+class Unauthenticated(ValueError):
+    """A message without a valid tag: not from a holder of the cluster secret."""
 
-    def __init__(self) -> None:
+
+class Codec:
+    """Per-thread encoder/decoders with the message tags (msgspec objects are used from one
+    thread each)."""
+
+    def __init__(self, auth: MessageAuth) -> None:
+        self._auth = auth
         self._enc = msgspec.msgpack.Encoder()
         self._to_server = msgspec.msgpack.Decoder(ToServer)
         self._to_client = msgspec.msgpack.Decoder(ToClient)
 
-    def encode(self, msg: msgspec.Struct) -> bytes:
-        return self._enc.encode(msg)
+    def to_server(self, msg: msgspec.Struct) -> list[bytes]:
+        payload = self._enc.encode(msg)
+        return [self._auth.tag(TO_SERVER, payload), payload]
 
-    def decode_to_server(self, data: bytes | memoryview) -> ToServer:
+    def to_client(self, msg: msgspec.Struct) -> list[bytes]:
+        payload = self._enc.encode(msg)
+        return [self._auth.tag(TO_CLIENT, payload), payload]
+
+    def decode_to_server(self, tag: bytes | memoryview, data: bytes | memoryview) -> ToServer:
+        if not self._auth.check(TO_SERVER, data, tag):
+            raise Unauthenticated("message tag does not match the cluster secret")
         return self._to_server.decode(data)
 
-    def decode_to_client(self, data: bytes | memoryview) -> ToClient:
+    def decode_to_client(self, tag: bytes | memoryview, data: bytes | memoryview) -> ToClient:
+        if not self._auth.check(TO_CLIENT, data, tag):
+            raise Unauthenticated("message tag does not match the cluster secret")
         return self._to_client.decode(data)

@@ -1,0 +1,65 @@
+"""Distillation recipes: what text each model's draft learns from and how it is trained.
+
+A recipe fixes the data (prompt source, how many, how long the greedy continuations are),
+the draft's shape (the draft layer's KV shape must be the target's: it shares a KV group
+with the target's full-attention layers; query heads and MLP width are free, and smaller
+ones keep a shipped checkpoint small) and the optimisation (steps are bounded by a token
+budget). docs/model.md ("Distilling a draft") lists the recipes and their results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    model: str
+    prompt_source: str  # "openers": prompts.OPENERS + sampled tokens; "random": random ids
+    num_prompts: int
+    prompt_tokens: int  # sampled tokens after each opener, or random prompt length
+    gen_len: int  # greedy tokens generated after each prompt
+    shard_prompts: int  # prompts per data shard (one engine run)
+    draft_heads: int | None  # query heads of the draft layer (None: the target's)
+    draft_intermediate: int | None  # MLP width of the draft layer (None: the target's)
+    token_budget: int  # training positions seen before stopping
+    batch_sequences: int  # sequences per optimiser step
+    lr: float
+    seed: int = 7
+    vocab_subset: bool = False  # cross-entropy over the corpus's tokens only (large vocabularies)
+    checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
+
+
+RECIPES: dict[str, Recipe] = {
+    # The embedded model: seconds on 2 cores (its shipped draft was built with this).
+    "tiny-hybrid": Recipe(
+        model="tiny-hybrid",
+        prompt_source="random",
+        num_prompts=48,
+        prompt_tokens=16,
+        gen_len=80,
+        shard_prompts=48,
+        draft_heads=None,
+        draft_intermediate=None,
+        token_budget=120 * 16 * 94,
+        batch_sequences=16,
+        lr=3e-3,
+    ),
+    # Gemma-3-270M: greedy continuations of 32 varied prompts; the 262k-entry LM head makes
+    # a full-vocabulary cross-entropy the dominant cost, so the loss ranges over the tokens
+    # that occur in the corpus (every label does).
+    "gemma3-270m": Recipe(
+        model="gemma3-270m",
+        prompt_source="openers",
+        num_prompts=32,
+        prompt_tokens=8,
+        gen_len=96,
+        shard_prompts=32,
+        draft_heads=2,
+        draft_intermediate=512,
+        token_budget=40_000,
+        batch_sequences=8,
+        lr=2e-3,
+        vocab_subset=True,
+    ),
+}

@@ -1,0 +1,197 @@
+"""Training an EAGLE-1 draft on a recorded corpus (resumable, bounded by a token budget).
+
+At position p the draft sees `(embed(token p+1), hidden p)` and is trained to output the
+target's hidden p+1 (smooth L1: its output is fed back when drafting several tokens) and to
+make the LM head predict token p+2 (cross-entropy), the target's greedy token wherever
+p + 2 falls in the generated part (prompt tokens were sampled or random: no label). Adam
+with a short warm-up and a linear decay to 10 %; sequences are drawn in a seeded order.
+
+Large vocabularies (`Recipe.vocab_subset`): the cross-entropy ranges over every token of
+the corpus plus a fixed random sample of the rest, a sampled softmax that costs a few
+thousand head rows instead of 262k; the hidden-state loss keeps the draft's output on the
+target's manifold, so tokens outside the subset stay as unlikely as the target makes them.
+
+State (draft, optimiser, step, vocabulary subset) is saved every `checkpoint_every`
+steps to `state.pt` (replaced atomically): a rerun continues from there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from relaykv.distill.corpus import Shard
+from relaykv.distill.recipes import Recipe
+from relaykv.model import CausalLM, EagleDraft
+from relaykv.model.eagle import draft_config_for
+from relaykv.model.forward_context import DenseContext
+
+EXTRA_NEGATIVES = 1024
+
+
+@dataclass(slots=True)
+class Batchable:
+    """The corpus as padded tensors: tokens `[N, L]` (0 padded), hidden `[N, L - 1, H]`,
+    `loss_ce [N, L - 2]` / `loss_reg [N, L - 2]` masks over positions p."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    loss_ce: torch.Tensor
+    loss_reg: torch.Tensor
+
+    @property
+    def positions(self) -> int:
+        return int(self.loss_reg.sum())
+
+
+def stack_corpus(shards: list[Shard]) -> Batchable:
+    length = max(int(s.lengths.max()) for s in shards)
+    rows, hiddens, ce, reg = [], [], [], []
+    for shard in shards:
+        n, width = shard.tokens.shape
+        tokens = torch.zeros(n, length, dtype=torch.long)
+        tokens[:, :width] = shard.tokens.clamp(min=0)
+        hidden = torch.zeros(n, length - 1, shard.hidden.shape[-1])
+        hidden[:, : width - 1] = shard.hidden
+        p = torch.arange(length - 2)
+        valid = p[None, :] + 2 < shard.lengths[:, None]  # token p+2 exists
+        ce.append(valid & (p[None, :] + 2 >= shard.prompt_lens[:, None]))
+        reg.append(valid)
+        rows.append(tokens)
+        hiddens.append(hidden)
+    return Batchable(torch.cat(rows), torch.cat(hiddens), torch.cat(ce), torch.cat(reg))
+
+
+def new_draft(target: CausalLM, recipe: Recipe) -> EagleDraft:
+    """A freshly initialised draft of the recipe's shape (seeded)."""
+    config = draft_config_for(target.config)
+    changes: dict[str, int] = {}
+    if recipe.draft_heads is not None:
+        changes["num_heads"] = recipe.draft_heads
+    if recipe.draft_intermediate is not None:
+        changes["intermediate_size"] = recipe.draft_intermediate
+    config = config.with_updates(**changes) if changes else config
+    torch.manual_seed(recipe.seed)
+    draft = EagleDraft(config, fc_bias=True)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * param.shape[-1] ** -0.5)
+    return draft
+
+
+def _vocab_subset(data: Batchable, vocab: int, seed: int) -> torch.Tensor:
+    seen = torch.unique(data.tokens)
+    gen = torch.Generator().manual_seed(seed)
+    extra = torch.randint(0, vocab, (EXTRA_NEGATIVES,), generator=gen)
+    return torch.unique(torch.cat([seen, extra]))
+
+
+def train_draft(
+    target: CausalLM,
+    recipe: Recipe,
+    data: Batchable,
+    state_path: Path,
+    token_budget: int | None = None,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> EagleDraft:
+    """Train (or continue training) the recipe's draft; returns it in eval mode.
+
+    `on_step(step)` runs after each optimiser step (and after its checkpoint, if any)."""
+    budget = recipe.token_budget if token_budget is None else token_budget
+    n, length = data.tokens.shape
+    per_step = recipe.batch_sequences * data.positions / n
+    steps = max(1, math.ceil(budget / per_step))
+    draft = new_draft(target, recipe)
+    opt = torch.optim.Adam(draft.parameters(), lr=recipe.lr)
+    step = 0
+    vocab = target.config.vocab_size
+    subset = _vocab_subset(data, vocab, recipe.seed) if recipe.vocab_subset else None
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=True)
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["opt"])
+        step, subset = int(state["step"]), state.get("subset")
+    head = target.head_weight().detach().float()
+    if subset is not None:
+        head = head[subset]
+        remap = torch.full((vocab,), -1, dtype=torch.long)
+        remap[subset] = torch.arange(len(subset))
+    rotaries = draft.build_rotaries()
+    span = length - 2
+    with torch.no_grad():
+        embeds = target.embed(data.tokens.flatten()).float().view(n, length, -1)
+    order = torch.Generator().manual_seed(recipe.seed + 1)
+    for _ in range(step):  # the same sequence order after a resume
+        torch.randperm(n, generator=order)
+    warmup = min(20, steps // 10 + 1)
+    draft.train()
+    bar = tqdm(
+        total=steps,
+        initial=step,
+        desc=f"{recipe.model}: training the draft",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    while step < steps:
+        pick = torch.randperm(n, generator=order)[: recipe.batch_sequences]
+        b = len(pick)
+        lr = recipe.lr * min((step + 1) / warmup, 1.0 - 0.9 * step / steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ctx = DenseContext(rotaries, b, span, torch.float32)
+        out = draft(
+            embeds[pick, 1 : span + 1].flatten(0, 1), data.hidden[pick, :span].flatten(0, 1), ctx
+        )
+        ce_mask = data.loss_ce[pick].flatten()
+        reg_mask = data.loss_reg[pick].flatten()
+        labels = data.tokens[pick, 2 : span + 2].flatten()[ce_mask]
+        if subset is not None:
+            labels = remap[labels]
+        logits = F.linear(draft.head_input(out[ce_mask]), head)
+        ce = F.cross_entropy(logits, labels) if len(labels) else out.sum() * 0
+        target_hidden = data.hidden[pick, 1 : span + 1].flatten(0, 1)
+        reg = F.smooth_l1_loss(out[reg_mask], target_hidden[reg_mask])
+        opt.zero_grad()
+        (ce + reg).backward()
+        opt.step()
+        step += 1
+        bar.update()
+        bar.set_postfix(ce=f"{ce.item():.3f}", reg=f"{reg.item():.3f}")
+        if step % recipe.checkpoint_every == 0 or step == steps:
+            _save_state(state_path, draft, opt, step, subset)
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    return draft.eval()
+
+
+def _save_state(
+    path: Path,
+    draft: EagleDraft,
+    opt: torch.optim.Optimizer,
+    step: int,
+    subset: torch.Tensor | None,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    state = {"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step}
+    if subset is not None:
+        state["subset"] = subset
+    torch.save(state, scratch)
+    os.replace(scratch, path)

@@ -1,0 +1,62 @@
+"""The distillation corpus, recorded while the real engine generates.
+
+Reference: a dense forward of the finished sequences (`DenseContext`, no paging, no
+engine): the recorded hidden states must equal its final-norm hidden states, and every
+generated token must be the argmax of its logits (greedy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from relaykv.distill.corpus import collect_shard, load_shard, save_shard
+from relaykv.distill.data import build_corpus
+from relaykv.distill.recipes import RECIPES
+from relaykv.model import load_model
+from relaykv.model.forward_context import DenseContext
+
+SMALL = replace(
+    RECIPES["tiny-hybrid"], num_prompts=6, prompt_tokens=12, gen_len=20, shard_prompts=3
+)
+
+
+def test_recorded_hidden_states_match_a_dense_forward() -> None:
+    loaded = load_model("tiny-hybrid")
+    target = loaded.model
+    gen = torch.Generator().manual_seed(3)
+    # Different prompt lengths; more prompts than the engine runs at once (concurrency 2)
+    # so some wait, and a 70-token prompt prefilled in chunks is not needed: lengths vary.
+    prompts = [torch.randint(3, 259, (n,), generator=gen).tolist() for n in (5, 17, 33, 9)]
+    shard = collect_shard(target, prompts, 24, (), concurrency=2)
+    assert shard.tokens.shape[0] == 4
+    for i, prompt in enumerate(prompts):
+        n = int(shard.lengths[i])
+        seq = shard.tokens[i, :n]
+        assert seq[: len(prompt)].tolist() == prompt and int(shard.prompt_lens[i]) == len(prompt)
+        assert n == len(prompt) + 24 and (shard.tokens[i, n:] == -1).all()
+        with torch.no_grad():
+            ctx = DenseContext(target.build_rotaries(), 1, n, torch.float32)
+            dense = target(seq, ctx)
+            greedy = torch.argmax(target.logits(dense), dim=-1)
+        torch.testing.assert_close(shard.hidden[i, : n - 1], dense[: n - 1], atol=2e-4, rtol=1e-4)
+        assert seq[len(prompt) :].tolist() == greedy[len(prompt) - 1 : n - 1].tolist()
+
+
+def test_shards_round_trip_and_a_rerun_resumes(tmp_path: Path) -> None:
+    loaded = load_model("tiny-hybrid")
+    paths = build_corpus(SMALL, loaded, tmp_path, progress=False)
+    assert [p.name for p in paths] == ["shard-0000.safetensors", "shard-0001.safetensors"]
+    first = load_shard(paths[0])
+    assert first.tokens.shape == (3, 32) and int(first.lengths.sum()) == 3 * 32
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    paths[1].unlink()
+    again = build_corpus(SMALL, loaded, tmp_path, progress=False)
+    assert paths[0].stat().st_mtime_ns == stamps[0]  # kept, not regenerated
+    assert torch.equal(load_shard(again[1]).tokens, load_shard(again[1]).tokens)
+    save_shard(first, tmp_path / "copy.safetensors")
+    copy = load_shard(tmp_path / "copy.safetensors")
+    assert torch.equal(copy.tokens, first.tokens)
+    torch.testing.assert_close(copy.hidden, first.hidden)  # bfloat16 on disk
