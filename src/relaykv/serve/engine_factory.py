@@ -48,6 +48,7 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     chat: ChatFormatter | None = None
+    tokenizer_dir: str | None = None  # a Hugging Face tokenizer directory (tokenizer_export)
     description: str = ""
 
 
@@ -209,6 +210,11 @@ def startup_summary(served: ServedEngine, geometry: Geometry, sizing: CacheSizin
     else:
         lines.append("prefix caching: OFF (--no-prefix-caching); cached_tokens will be 0")
     lines.append(f"chat: {served.chat.description}")
+    if served.model.tokenizer_dir is not None:
+        lines.append(
+            f"tokenizer: {served.model.tokenizer_dir} (a Hugging Face directory: "
+            "vllm bench serve / bench_serving.py --tokenizer DIR)"
+        )
     if o.role != "colocated":
         lines.append(
             f"P/D: role {o.role}, policy {o.pd_policy}, KV load failure {o.kv_load_failure}"
