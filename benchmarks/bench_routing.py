@@ -67,7 +67,8 @@ def start_cluster(shape: str, mode: str, log_dir: Path, extra: list[str]) -> tup
 
 def run(shape: str, mode: str, args: argparse.Namespace, work: Path) -> dict[str, object]:
     log_dir = work / f"{shape}-{mode}"
-    proc, info = start_cluster(shape, mode, log_dir, ["--speculative-tokens", "2"])
+    extra = ["--speculative-tokens", "2", *args.engine_args.split()]
+    proc, info = start_cluster(shape, mode, log_dir, extra)
     try:
         time.sleep(3)  # the router's first health tick subscribes to the events
         result = work / f"{shape}-{mode}.json"
@@ -139,6 +140,8 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--engine-args", default="", help="more `relaykv serve` flags, e.g. "
+                        "'--retention dense'")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-routing-"))
     rows = []

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("relaykv.router.cli", "P/D router in front of prefill and decode engines"),
     "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),
     "up": ("relaykv.launch.cli", "a local P/D cluster: prefill + decode engines and a router"),
+    "tokenizer": ("relaykv.serve.tokenizer_cli", "tokenizer export: a HF tokenizer directory"),
     "sim": ("relaykv.sim.cli", "cluster simulator: the real scheduler and cache on a cost model"),
 }
 

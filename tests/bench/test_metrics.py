@@ -104,7 +104,18 @@ def test_peak_concurrency_uses_half_open_intervals() -> None:
     assert peak_concurrency([(0, 2), (1, 3), (2, 4), (2, 5)]) == 3
     assert peak_concurrency([(0, 1), (1, 2), (2, 3)]) == 1
     assert peak_concurrency([]) == 0
-    assert compute_metrics(outcomes(), 2.0).max_concurrent_requests == 1
+    assert compute_metrics(outcomes(), 2.0).peak_concurrent_requests == 1
+
+
+def test_max_concurrent_requests_is_vllms_per_second_count() -> None:
+    """vLLM counts a request in every one-second bucket from its start to its end: the two
+    sequential requests (0-0.3 s, 0.5-0.8 s) share second 0, so vLLM says 2; exactly 1."""
+    m = compute_metrics(outcomes(), 2.0)
+    assert (m.max_concurrent_requests, m.peak_concurrent_requests) == (2, 1)
+    spread = [RequestOutcome(success=True, start_time=t, latency=0.5) for t in (0, 1.2, 2.4)]
+    long = RequestOutcome(success=True, start_time=0.1, latency=2.0)  # seconds 0, 1, 2
+    m = compute_metrics([*spread, long], 3.0)
+    assert (m.max_concurrent_requests, m.peak_concurrent_requests) == (2, 2)
 
 
 def test_cache_report_from_usage_cached_tokens() -> None:

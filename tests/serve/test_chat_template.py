@@ -107,3 +107,53 @@ def test_non_text_parts_are_refused() -> None:
         chat.render([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
     with pytest.raises(ChatTemplateError, match="no tokenizer"):
         ChatFormatter(None, None).encode([{"role": "user", "content": "x"}])
+
+
+GEMMA_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Say hello."},
+]
+GEMMA_PROMPT = (
+    "<bos><start_of_turn>user\nBe brief.\n\nSay hello.<end_of_turn>\n<start_of_turn>model\n"
+)
+
+
+def test_gemma3_dir_without_template_gets_gemmas_template_and_stop_tokens(tmp_path) -> None:
+    from relaykv.serve.model_loading import generation_config_eos
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    source = find_chat_template(tmp_path)
+    assert source is not None and source.stop_tokens == ("<end_of_turn>",)
+    assert "documented template" in source.origin
+    assert ChatFormatter(None, source).render(GEMMA_MESSAGES) == GEMMA_PROMPT
+    assert generation_config_eos(str(tmp_path)) == [1, 106]
+
+
+def test_gemma3_gguf_without_template_gets_gemmas_template(tmp_path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from relaykv.model.loading.tokenizer import HFTokenizer
+    from relaykv.serve.model_loading import turn_stop_ids
+
+    path = tmp_path / "g.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_token_list(["<pad>", "<eos>", "<bos>", "<end_of_turn>"])
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    source = find_chat_template(path)
+    assert source is not None and source.bos_token == "<bos>"
+    chat = ChatFormatter(None, source)
+    assert chat.render(GEMMA_MESSAGES) == GEMMA_PROMPT
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<end_of_turn>": 3}
+    tok = HFTokenizer(Tokenizer(WordLevel(vocab, unk_token="<pad>")), [1], 2)
+    assert turn_stop_ids(tok, chat) == [3]
+    with pytest.raises(ChatTemplateError, match="alternate"):
+        chat.render([{"role": "assistant", "content": "x"}])

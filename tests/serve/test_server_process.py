@@ -90,6 +90,17 @@ def test_startup_prints_sizing(tiny: ServeProcess) -> None:
         assert needle in text, needle
 
 
+def test_startup_prints_and_models_report_the_tokenizer_directory(tiny: ServeProcess) -> None:
+    """The exported HF tokenizer: printed at startup, reported by /v1/models and /v1/models/{id},
+    and loadable offline by transformers (what vllm bench serve --tokenizer needs)."""
+    card = tiny.client().models.retrieve("tiny-hybrid")
+    path = card.model_extra["tokenizer"]
+    assert f"tokenizer: {path} (a Hugging Face directory" in "".join(tiny.output)
+    assert tiny.client().models.list().data[0].model_extra["tokenizer"] == path
+    assert (Path(path) / "tokenizer.json").is_file()
+    assert (Path(path) / "tokenizer_config.json").is_file()
+
+
 def test_greedy_output_equals_the_engine_run_directly(tiny: ServeProcess) -> None:
     client = tiny.client()
 

@@ -11,8 +11,12 @@ Definitions follow vLLM's `calculate_metrics` (vllm/benchmarks/serve.py):
   has TPOT 0 for this test) / duration;
 * max_output_tokens_per_s: every token chunk is stamped (start + ttft, then + each ITL) and
   counted in one-second buckets from the first successful send; the fullest bucket wins;
-* max_concurrent_requests: the peak number of successful requests in flight, by a sweep
-  over half-open intervals [start, start + E2EL) (an end before a start at equal times).
+* max_concurrent_requests: as vLLM computes it: one-second buckets from the first
+  successful send, each successful request counted in every bucket from its start's to its
+  end's (both included); the fullest bucket wins. A request that ends in the second another
+  starts counts as concurrent with it, so this is at least the exact peak;
+* peak_concurrent_requests: the exact peak of successful requests in flight, by a sweep over
+  half-open intervals [start, start + E2EL) (an end before a start at equal times).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class BenchmarkMetrics:
     total_token_throughput: float
     max_output_tokens_per_s: float
     max_concurrent_requests: int
+    peak_concurrent_requests: int
     stats: dict[str, MetricStats]
     cache: CacheReport
     output_lens: list[int] = field(default_factory=list)
@@ -182,13 +187,27 @@ def compute_metrics(
         output_throughput=per_second(total_output),
         total_token_throughput=per_second(total_input + total_output),
         max_output_tokens_per_s=peak_output_tokens_per_s(successes),
-        max_concurrent_requests=peak_concurrency(
+        max_concurrent_requests=concurrency_per_second_peak(successes),
+        peak_concurrent_requests=peak_concurrency(
             (o.start_time, o.start_time + o.latency) for o in successes
         ),
         stats={name: summarize(values, percentiles) for name, values in samples.items()},
         cache=cache_report(successes),
         output_lens=output_lens,
     )
+
+
+def concurrency_per_second_peak(successes: Sequence[RequestOutcome]) -> int:
+    """vLLM's `max_concurrent_requests` (see module docstring)."""
+    if not successes:
+        return 0
+    first = min(o.start_time for o in successes)
+    last = max(o.start_time + o.latency for o in successes)
+    buckets = np.zeros(math.ceil(last - first) + 1, dtype=int)
+    for o in successes:
+        begin, end = int(o.start_time - first), int(o.start_time + o.latency - first)
+        buckets[begin : min(end + 1, len(buckets))] += 1
+    return int(buckets.max())
 
 
 def percentile_key(p: float) -> str:

@@ -13,6 +13,8 @@ class RequestOutcome:
     `latency` (E2EL) send -> last token chunk. `output_tokens` is `usage.completion_tokens`
     (or the number of token chunks when the server sent no usage, `usage_missing`).
     `cached_tokens` is `usage.prompt_tokens_details.cached_tokens`, None when absent.
+    `client_queue_time` is how long it waited for `--max-concurrency` before it was sent
+    (vLLM's `queue_times`).
     """
 
     success: bool = False
@@ -26,3 +28,4 @@ class RequestOutcome:
     generated_text: str = ""
     error: str = ""
     usage_missing: bool = False
+    client_queue_time: float = 0.0

@@ -56,8 +56,11 @@ async def _send_all(
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
 
     async def one(request: SampleRequest) -> RequestOutcome:
+        queued = time.perf_counter()
         async with gate:
+            waited = time.perf_counter() - queued
             outcome = await send_request(session, target, request)
+        outcome.client_queue_time = waited
         if bar is not None:
             bar.update(1)
         return outcome

@@ -67,7 +67,7 @@ class LLMEngine:
             pd_role=self.role.in_pd_pair,
             sizing=config.sizing,
         )
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(config.scheduler.max_model_len)
         self.scheduler = Scheduler(
             sched, self.manager, k, connector, self.eos_token_ids, metrics=self.metrics
         )
@@ -180,6 +180,12 @@ class LLMEngine:
         if scheduled:
             result = self.executor.execute(StepBatch([s.work for s in scheduled]))
             self.metrics.num_steps += 1
+            self.metrics.iteration_tokens.observe(
+                sum(len(s.work.token_ids) + len(s.work.draft_token_ids) for s in scheduled)
+            )
+            for s in scheduled:
+                if s.request.first_scheduled_time is None:
+                    s.request.first_scheduled_time = now
             for out in result.sequences:
                 self.metrics.speculation(out.num_draft_tokens, out.num_accepted_tokens)
             now = time.monotonic()
@@ -205,7 +211,16 @@ class LLMEngine:
         if req.finished and req.request_id in self.requests:
             del self.requests[req.request_id]
             self.metrics.finished(req.finish_reason.value if req.finish_reason else "abort")
-            self.metrics.e2e.observe(now - req.arrival_time)
+            computed = req.num_prompt_tokens - req.num_cached_tokens - req.num_external_tokens
+            self.metrics.request_done(
+                now,
+                req.arrival_time,
+                req.first_scheduled_time,
+                req.first_token_time,
+                req.num_prompt_tokens,
+                len(req.output_ids),
+                max(0, computed),
+            )
         logprobs = None
         if req.params.logprobs and new_tokens:
             logprobs = req.logprobs[len(req.logprobs) - len(new_tokens) :]

@@ -49,6 +49,7 @@ class Request:
     num_preemptions: int = 0
     admitted: bool = False
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None  # queue time ends here (vLLM's metrics)
     last_token_time: float | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     text: str = ""

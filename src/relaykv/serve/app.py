@@ -152,6 +152,7 @@ def model_card(state: ServerState) -> dict[str, Any]:
         "parent": None,
         "max_model_len": served.max_model_len,
         "vocab_size": served.vocab_size,
+        "tokenizer": served.model.tokenizer_dir,
     }
 
 

@@ -5,7 +5,9 @@ Where templates live (as Hugging Face and llama.cpp store them):
   (a string, or a list of `{"name", "template"}` of which `default` is used); the BOS and
   EOS strings come from that file's `bos_token` / `eos_token` (a string or `{"content"}`);
 * a GGUF file: metadata `tokenizer.chat_template`, BOS/EOS strings from
-  `tokenizer.ggml.tokens` at `tokenizer.ggml.bos_token_id` / `eos_token_id`.
+  `tokenizer.ggml.tokens` at `tokenizer.ggml.bos_token_id` / `eos_token_id`;
+* neither, for a family relaykv knows (Gemma-3: the packaged GGUF has none): the family's
+  documented template (`relaykv.serve.builtin_chat_templates`), with its end-of-turn token.
 
 Templates are rendered with jinja2's immutable sandbox (trim_blocks, lstrip_blocks,
 `raise_exception`, `strftime_now`, as transformers does). A template that emits the BOS
@@ -46,6 +48,7 @@ class TemplateSource:
     bos_token: str | None = None
     eos_token: str | None = None
     origin: str = ""
+    stop_tokens: tuple[str, ...] = ()  # token texts that end a turn besides EOS
 
 
 def _token_text(value: Any) -> str | None:
@@ -56,11 +59,29 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
+def _builtin(
+    architecture: Any, bos: str | None, eos: str | None, where: str
+) -> TemplateSource | None:
+    from relaykv.serve.builtin_chat_templates import BUILTIN
+
+    found = BUILTIN.get(str(architecture))
+    if found is None:
+        return None
+    template, stops = found
+    origin = f"{architecture}'s documented template ({where} carries none)"
+    return TemplateSource(template, bos, eos, origin, stops)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
 def _from_hf_dir(root: Path) -> TemplateSource | None:
-    config: dict[str, Any] = {}
     config_file = root / "tokenizer_config.json"
-    if config_file.is_file():
-        config = json.loads(config_file.read_text())
+    config = _json(config_file)
     template: Any = None
     origin = ""
     jinja_file = root / "chat_template.jinja"
@@ -71,11 +92,11 @@ def _from_hf_dir(root: Path) -> TemplateSource | None:
         if isinstance(template, list):
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
+    bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
     if not isinstance(template, str) or not template:
-        return None
-    return TemplateSource(
-        template, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")), origin
-    )
+        model_type = _json(root / "config.json").get("model_type")
+        return _builtin(model_type, bos or "<bos>", eos, str(root))
+    return TemplateSource(template, bos, eos, origin)
 
 
 def _from_gguf(path: Path) -> TemplateSource | None:
@@ -85,9 +106,6 @@ def _from_gguf(path: Path) -> TemplateSource | None:
         return None
     reader = GGUFReader(str(path))
     field = reader.fields.get("tokenizer.chat_template")
-    if field is None:
-        return None
-    template = field.contents()
     tokens = reader.fields.get("tokenizer.ggml.tokens")
 
     def token(key: str) -> str | None:
@@ -99,12 +117,11 @@ def _from_gguf(path: Path) -> TemplateSource | None:
             return None
         return bytes(tokens.parts[tokens.data[index]]).decode("utf-8", errors="replace")
 
-    return TemplateSource(
-        str(template),
-        token("tokenizer.ggml.bos_token_id"),
-        token("tokenizer.ggml.eos_token_id"),
-        f"{path} tokenizer.chat_template",
-    )
+    bos, eos = token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
+    if field is None:
+        arch = reader.fields.get("general.architecture")
+        return _builtin(arch.contents() if arch is not None else None, bos, eos, str(path))
+    return TemplateSource(str(field.contents()), bos, eos, f"{path} tokenizer.chat_template")
 
 
 def find_chat_template(source: str | Path) -> TemplateSource | None:
@@ -130,6 +147,18 @@ def message_text(content: Any) -> str:
             raise ChatTemplateError(f"only text content parts are supported, got {kind!r}")
         parts.append(str(part.get("text", "")))
     return "\n".join(parts)
+
+
+# The fallback as a chat template (what `relaykv tokenizer export` writes for models without
+# one): the same text as `fallback_prompt`, after the BOS string the encoder adds anyway.
+FALLBACK_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for p in m['content'] %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}{{ p['text'] }}{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}"
+    "{% if messages %}{{ '\\n' }}{% endif %}assistant:{% endif %}"
+)
 
 
 def fallback_prompt(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:

@@ -197,6 +197,11 @@ def startup_summary(served: ServedEngine, geometry: Geometry, sizing: CacheSizin
     else:
         lines.append("prefix caching: OFF (--no-prefix-caching); cached_tokens will be 0")
     lines.append(f"chat: {served.chat.description}")
+    if served.model.tokenizer_dir is not None:
+        lines.append(
+            f"tokenizer: {served.model.tokenizer_dir} (a Hugging Face directory: "
+            "vllm bench serve / bench_serving.py --tokenizer DIR)"
+        )
     if o.role != "colocated":
         lines.append(
             f"P/D: role {o.role}, policy {o.pd_policy}, KV load failure {o.kv_load_failure}"

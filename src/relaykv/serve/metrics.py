@@ -1,38 +1,21 @@
 """`GET /metrics`: Prometheus text read from the engine at scrape time.
 
-A custom collector (no counters are kept twice): cache counters from
-`engine.manager.stats` (docs/design.md §9), request and latency figures from `engine.metrics`,
-queue sizes from the scheduler. Names are vLLM's (docs/metrics.md) plus relaykv's own; every
-series has the label `model_name`. prometheus_client writes counters with a `_total` suffix
-(readers accept `name` and `name_total`). The engine thread updates plain integers and
-fixed bucket arrays while we read, so a scrape may be one event behind, never corrupt;
-histogram `+Inf` is computed from the bucket array itself so it always equals `_count`.
-
-| name | type | source |
-|---|---|---|
-| vllm:prefix_cache_queries / _hits | counter | stats.prefix_cache_queries / _hits |
-| vllm:external_prefix_cache_queries / _hits | counter | stats.external_prefix_cache_* |
-| vllm:prompt_tokens_by_source{source} | counter | local_compute, local_cache_hit, external_kv_... |
-| vllm:kv_cache_usage_perc | gauge | pool.usage() (0..1, as vLLM) |
-| vllm:num_requests_running / _waiting | gauge | scheduler (waiting includes remote-KV loads) |
-| vllm:time_to_first_token_seconds | histogram | metrics.ttft |
-| vllm:e2e_request_latency_seconds | histogram | metrics.e2e |
-| vllm:inter_token_latency_seconds | histogram | metrics.itl |
-| vllm:spec_decode_num_drafts / _draft_tokens / _accepted_tokens | counter | metrics.spec_* |
-| vllm:prompt_tokens / vllm:generation_tokens | counter | metrics |
-| vllm:request_success{finished_reason} | counter | metrics.requests_finished |
-| vllm:num_preemptions | counter | scheduler.num_preemptions |
-| relaykv:kv_bytes_received / _sent | counter | stats.kv_bytes_* |
-| relaykv:kv_transfer_seconds | histogram | metrics.kv_transfer (remote KV loads) |
-| relaykv:kv_coalesced_loads, kv_lease_expiries, kv_failed_loads | counter | stats |
-| relaykv:group_prefix_tokens{group,source=local/received} | counter | stats.group_*_tokens |
-| relaykv:group_prefix_bytes{group,source=local/received} | counter | stats.group_*_bytes |
-| relaykv:kv_cache_blocks{state=total/free} | gauge | pool |
+A custom collector (no counters are kept twice): cache counters from `engine.manager.stats`
+(docs/design.md §9), request and latency figures from `engine.metrics`, queue sizes from the
+scheduler. Every unlabelled family is one row of a table below (`COUNTERS`, `GAUGES`,
+`HISTOGRAMS`: vLLM's per-request and per-iteration histograms with vLLM's buckets); the
+labelled ones are built in `EngineCollector._labelled` (`vllm:prompt_tokens_by_source`,
+`vllm:request_success`, `relaykv:group_prefix_tokens/_bytes`, `relaykv:kv_cache_blocks`).
+Names are vLLM's (docs/metrics.md) plus relaykv's own; every series has the label `model_name`;
+prometheus_client writes counters with a `_total` suffix. The engine thread updates plain
+integers and fixed bucket arrays while we read, so a scrape may be one event behind, never
+corrupt; histogram `+Inf` is computed from the bucket array itself so it equals `_count`.
+The full list with meanings is docs/metrics.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -58,138 +41,181 @@ def _histogram(name: str, doc: str, labels: list[str], hist: Histogram) -> Histo
     return family
 
 
+Read = Callable[[LLMEngine], float]
+
+# (name, help, read) per unlabelled counter; prometheus_client appends `_total`.
+COUNTERS: tuple[tuple[str, str, Read], ...] = (
+    (
+        "vllm:prefix_cache_queries",
+        "Prompt tokens looked up in the local prefix cache.",
+        lambda e: e.manager.stats.prefix_cache_queries,
+    ),
+    (
+        "vllm:prefix_cache_hits",
+        "Prompt tokens reused from the local prefix cache.",
+        lambda e: e.manager.stats.prefix_cache_hits,
+    ),
+    (
+        "vllm:external_prefix_cache_queries",
+        "Prompt tokens asked of another engine (P/D).",
+        lambda e: e.manager.stats.external_prefix_cache_queries,
+    ),
+    (
+        "vllm:external_prefix_cache_hits",
+        "Prompt tokens received from another engine (P/D).",
+        lambda e: e.manager.stats.external_prefix_cache_hits,
+    ),
+    (
+        "vllm:spec_decode_num_drafts",
+        "Speculative verification steps with drafts.",
+        lambda e: e.metrics.spec_num_drafts,
+    ),
+    (
+        "vllm:spec_decode_num_draft_tokens",
+        "Draft tokens verified.",
+        lambda e: e.metrics.spec_num_draft_tokens,
+    ),
+    (
+        "vllm:spec_decode_num_accepted_tokens",
+        "Draft tokens accepted.",
+        lambda e: e.metrics.spec_num_accepted_tokens,
+    ),
+    (
+        "vllm:prompt_tokens",
+        "Prompt tokens of admitted requests.",
+        lambda e: e.metrics.prompt_tokens,
+    ),
+    ("vllm:generation_tokens", "Generated tokens.", lambda e: e.metrics.generation_tokens),
+    (
+        "vllm:num_preemptions",
+        "Requests preempted (recompute).",
+        lambda e: e.scheduler.num_preemptions,
+    ),
+    (
+        "relaykv:kv_bytes_received",
+        "KV bytes received from prefill engines.",
+        lambda e: e.manager.stats.kv_bytes_received,
+    ),
+    (
+        "relaykv:kv_bytes_sent",
+        "KV bytes sent to decode engines.",
+        lambda e: e.manager.stats.kv_bytes_sent,
+    ),
+    (
+        "relaykv:kv_coalesced_loads",
+        "Remote KV loads served by an in-flight load.",
+        lambda e: e.manager.stats.loads_coalesced,
+    ),
+    (
+        "relaykv:kv_lease_expiries",
+        "Held prefill blocks released by lease expiry.",
+        lambda e: e.manager.stats.lease_expiries,
+    ),
+    (
+        "relaykv:kv_failed_loads",
+        "Remote KV loads that failed.",
+        lambda e: e.manager.stats.loads_failed,
+    ),
+)
+GAUGES: tuple[tuple[str, str, Read], ...] = (
+    (
+        "vllm:kv_cache_usage_perc",
+        "Fraction of KV blocks held by requests (1 = full).",
+        lambda e: e.manager.pool.usage(),
+    ),
+    (
+        "vllm:num_requests_running",
+        "Requests in the running batch.",
+        lambda e: len(e.scheduler.running),
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "Requests waiting (for admission or for remote KV).",
+        lambda e: len(e.scheduler.waiting) + len(e.scheduler.loading),
+    ),
+)
+# (name, help, EngineMetrics attribute): vLLM's histograms with vLLM's buckets, then ours.
+HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("vllm:time_to_first_token_seconds", "Time to first token.", "ttft"),
+    ("vllm:e2e_request_latency_seconds", "End-to-end request latency.", "e2e"),
+    ("vllm:inter_token_latency_seconds", "Time between streamed outputs.", "itl"),
+    ("vllm:request_time_per_output_token_seconds", "Decode time per output token.", "tpot"),
+    ("vllm:request_queue_time_seconds", "Arrival to first scheduled.", "queue"),
+    ("vllm:request_prefill_time_seconds", "First scheduled to first token.", "prefill"),
+    ("vllm:request_decode_time_seconds", "First token to finish.", "decode"),
+    ("vllm:request_inference_time_seconds", "First scheduled to finish.", "inference"),
+    ("vllm:request_prompt_tokens", "Prompt tokens per request.", "request_prompt_tokens"),
+    (
+        "vllm:request_generation_tokens",
+        "Generated tokens per request.",
+        "request_generation_tokens",
+    ),
+    (
+        "vllm:request_prefill_kv_computed_tokens",
+        "Prompt tokens computed here per request (neither cached nor received).",
+        "request_prefill_kv_computed_tokens",
+    ),
+    ("vllm:iteration_tokens_total", "Tokens computed per engine step.", "iteration_tokens"),
+    ("relaykv:kv_transfer_seconds", "Remote KV load time (start to settled).", "kv_transfer"),
+)
+
+
 class EngineCollector(Collector):
     def __init__(self, engine: LLMEngine, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=["model_name"])
-        family.add_metric([self.model_name], value)
-        return family
-
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=["model_name"])
-        family.add_metric([self.model_name], value)
-        return family
+    def _family(self, kind: type, name: str, doc: str, *labels: str) -> Metric:
+        return kind(name, doc, labels=["model_name", *labels])
 
     def collect(self) -> Iterator[Metric]:
         engine, name = self.engine, [self.model_name]
-        stats, m, sched = engine.manager.stats, engine.metrics, engine.scheduler
-        pool = engine.manager.pool
-        yield self._counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the local prefix cache.",
-            stats.prefix_cache_queries,
-        )
-        yield self._counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens reused from the local prefix cache.",
-            stats.prefix_cache_hits,
-        )
-        yield self._counter(
-            "vllm:external_prefix_cache_queries",
-            "Prompt tokens asked of another engine (P/D).",
-            stats.external_prefix_cache_queries,
-        )
-        yield self._counter(
-            "vllm:external_prefix_cache_hits",
-            "Prompt tokens received from another engine (P/D).",
-            stats.external_prefix_cache_hits,
-        )
-        by_source = CounterMetricFamily(
+        for metric, doc, read in COUNTERS:
+            family = self._family(CounterMetricFamily, metric, doc)
+            family.add_metric(name, read(engine))
+            yield family
+        for metric, doc, read in GAUGES:
+            family = self._family(GaugeMetricFamily, metric, doc)
+            family.add_metric(name, read(engine))
+            yield family
+        for metric, doc, attr in HISTOGRAMS:
+            yield _histogram(metric, doc, name, getattr(engine.metrics, attr))
+        yield from self._labelled(engine, name)
+
+    def _labelled(self, engine: LLMEngine, name: list[str]) -> Iterator[Metric]:
+        stats, pool = engine.manager.stats, engine.manager.pool
+        by_source = self._family(
+            CounterMetricFamily,
             "vllm:prompt_tokens_by_source",
             "Prompt tokens by where their KV came from.",
-            labels=["model_name", "source"],
+            "source",
         )
         by_source.add_metric([*name, "local_compute"], stats.tokens_local_compute)
         by_source.add_metric([*name, "local_cache_hit"], stats.tokens_local_cache_hit)
         by_source.add_metric([*name, "external_kv_transfer"], stats.tokens_external_kv_transfer)
         yield by_source
-        yield self._gauge(
-            "vllm:kv_cache_usage_perc",
-            "Fraction of KV blocks held by requests (1 = full).",
-            pool.usage(),
-        )
-        yield self._gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", len(sched.running)
-        )
-        yield self._gauge(
-            "vllm:num_requests_waiting",
-            "Requests waiting (for admission or for remote KV).",
-            len(sched.waiting) + len(sched.loading),
-        )
-        yield _histogram("vllm:time_to_first_token_seconds", "Time to first token.", name, m.ttft)
-        yield _histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", name, m.e2e
-        )
-        yield _histogram(
-            "vllm:inter_token_latency_seconds", "Time between streamed outputs.", name, m.itl
-        )
-        yield self._counter(
-            "vllm:spec_decode_num_drafts",
-            "Speculative verification steps with drafts.",
-            m.spec_num_drafts,
-        )
-        yield self._counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", m.spec_num_draft_tokens
-        )
-        yield self._counter(
-            "vllm:spec_decode_num_accepted_tokens",
-            "Draft tokens accepted.",
-            m.spec_num_accepted_tokens,
-        )
-        yield self._counter(
-            "vllm:prompt_tokens", "Prompt tokens of admitted requests.", m.prompt_tokens
-        )
-        yield self._counter("vllm:generation_tokens", "Generated tokens.", m.generation_tokens)
-        success = CounterMetricFamily(
+        success = self._family(
+            CounterMetricFamily,
             "vllm:request_success",
             "Finished requests by finish reason.",
-            labels=["model_name", "finished_reason"],
+            "finished_reason",
         )
-        for reason, count in sorted(dict(m.requests_finished).items()):
+        for reason, count in sorted(dict(engine.metrics.requests_finished).items()):
             success.add_metric([*name, reason], count)
         yield success
-        yield self._counter(
-            "vllm:num_preemptions", "Requests preempted (recompute).", sched.num_preemptions
-        )
-        yield self._counter(
-            "relaykv:kv_bytes_received",
-            "KV bytes received from prefill engines.",
-            stats.kv_bytes_received,
-        )
-        yield self._counter(
-            "relaykv:kv_bytes_sent", "KV bytes sent to decode engines.", stats.kv_bytes_sent
-        )
-        yield _histogram(
-            "relaykv:kv_transfer_seconds",
-            "Remote KV load time (start to settled).",
-            name,
-            m.kv_transfer,
-        )
-        yield self._counter(
-            "relaykv:kv_coalesced_loads",
-            "Remote KV loads served by an in-flight load.",
-            stats.loads_coalesced,
-        )
-        yield self._counter(
-            "relaykv:kv_lease_expiries",
-            "Held prefill blocks released by lease expiry.",
-            stats.lease_expiries,
-        )
-        yield self._counter(
-            "relaykv:kv_failed_loads", "Remote KV loads that failed.", stats.loads_failed
-        )
-        tokens = CounterMetricFamily(
+        tokens = self._family(
+            CounterMetricFamily,
             "relaykv:group_prefix_tokens",
             "Prefix tokens reused per KV group, local or received.",
-            labels=["model_name", "group", "source"],
+            "group",
+            "source",
         )
-        nbytes = CounterMetricFamily(
+        nbytes = self._family(
+            CounterMetricFamily,
             "relaykv:group_prefix_bytes",
             "Prefix KV bytes reused per KV group, local or received.",
-            labels=["model_name", "group", "source"],
+            "group",
+            "source",
         )
         for g in range(stats.num_groups):
             tokens.add_metric([*name, str(g), "local"], stats.group_local_tokens[g])
@@ -198,10 +224,11 @@ class EngineCollector(Collector):
             nbytes.add_metric([*name, str(g), "received"], stats.group_received_bytes[g])
         yield tokens
         yield nbytes
-        blocks = GaugeMetricFamily(
+        blocks = self._family(
+            GaugeMetricFamily,
             "relaykv:kv_cache_blocks",
             "KV pool blocks (the null block excluded).",
-            labels=["model_name", "state"],
+            "state",
         )
         blocks.add_metric([*name, "total"], pool.num_usable)
         blocks.add_metric([*name, "free"], pool.num_free)

@@ -20,4 +20,5 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     chat: ChatFormatter | None = None
+    tokenizer_dir: str | None = None  # a Hugging Face tokenizer directory (tokenizer_export)
     description: str = ""

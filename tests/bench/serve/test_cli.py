@@ -98,7 +98,9 @@ def test_prefix_repetition_run_prints_the_block_and_saves_vllm_keys(
         "cache_hit_rate_pct": 80.0,
         "requests_reporting_cached": 8,
     }
-    assert result["max_concurrent_requests"] <= 2
+    assert result["peak_concurrent_requests"] <= 2  # --max-concurrency 2, exactly
+    assert result["max_concurrent_requests"] >= result["peak_concurrent_requests"]  # vLLM's
+    assert result["rtfx"] == 0.0
     body = server.state.received[-1]
     assert isinstance(body["prompt"], list) and len(body["prompt"]) == 80
     assert all(0 <= t < 1000 for t in body["prompt"])  # vocab_size from /v1/models

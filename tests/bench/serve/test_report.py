@@ -104,6 +104,8 @@ def test_result_keys() -> None:
     assert result["cache_report"]["cache_hit_rate_pct"] == 35 / 60 * 100
     detailed = build_result(run, metrics, 2.0, outcomes(), detailed=True)
     assert detailed["errors"][3] == "HTTP 500" and detailed["output_lens"] == [4, 2, 1, 0]
+    assert detailed["latencies"] == [o.latency for o in outcomes()]
+    assert len(detailed["queue_times"]) == 4 and detailed["rtfx"] == 0.0
 
 
 def test_default_filename_is_vllms() -> None:

@@ -27,6 +27,8 @@ DETAILED_KEYS = (
     "output_lens",
     "ttfts",
     "itls",
+    "latencies",
+    "queue_times",
     "start_times",
     "generated_texts",
     "errors",
@@ -125,6 +127,9 @@ def build_result(
         "total_token_throughput": metrics.total_token_throughput,
         "max_output_tokens_per_s": metrics.max_output_tokens_per_s,
         "max_concurrent_requests": metrics.max_concurrent_requests,
+        "peak_concurrent_requests": metrics.peak_concurrent_requests,
+        # vLLM's real-time factor: seconds of input audio per second of benchmark (text: 0).
+        "rtfx": 0.0,
     }
     for name in run.percentile_metrics:
         stats = metrics.stats[name]
@@ -141,6 +146,8 @@ def build_result(
                 "output_lens": metrics.output_lens,
                 "ttfts": [o.ttft for o in outcomes],
                 "itls": [o.itl for o in outcomes],
+                "latencies": [o.latency for o in outcomes],
+                "queue_times": [o.client_queue_time for o in outcomes],
                 "start_times": [o.start_time for o in outcomes],
                 "generated_texts": [o.generated_text for o in outcomes],
                 "errors": [o.error for o in outcomes],

@@ -9,8 +9,8 @@ Rules for the caller (the connector):
 * the destination blocks belong to the transfer until its handle is done: do not read,
   write, hash or free them before;
 * on failure the destination pages are garbage: free them and publish nothing
-  (KVCACHE.md §7);
-* hash received blocks only after the handle reports success (KVCACHE.md §7: "received
+  (docs/design.md §7);
+* hash received blocks only after the handle reports success (docs/design.md §7: "received
   blocks get hashes only after the transfer has completed").
 """
 
