@@ -30,6 +30,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) tools/check_layers.py .
+	$(PY) -m mypy  # [tool.mypy] in pyproject.toml: kvcache and engine strict, the rest basic
 
 test: lint
 	$(PY) -m pytest

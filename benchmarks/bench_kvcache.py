@@ -47,7 +47,7 @@ def time_relaykv(n: int, repeat: int, seed: int) -> dict[str, dict[str, float]]:
             m.cache(req, n)
             m.free_skipped(req, n)
             t3 = time.perf_counter()
-            m.free(req)
+            m.release(req)
             t4 = time.perf_counter()
             assert (hit.tokens > 0) == (case == "hit")
             for phase, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):

@@ -1,5 +1,5 @@
 """Serving throughput and TTFT through `relaykv serve`: prefix caching on vs off, and
-speculative decoding on vs off, on tiny-hybrid and Gemma-3-270M (issue 4).
+speculative decoding on vs off, on tiny-hybrid and Gemma-3-270M.
 
 Each configuration is a fresh `relaykv serve` subprocess on loopback; load comes from
 `relaykv.bench` (the `vllm bench serve`-compatible client) in this process. The workload is

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "relaykv.distill.cli",
         "train an EAGLE draft for a model on its own greedy text (resumable)",
     ),
-    "generate": ("relaykv.model.generate_cli", "offline generation (tiny-hybrid by default)"),
+    "generate": ("relaykv.serve.generate_cli", "offline generation (tiny-hybrid by default)"),
     "router": ("relaykv.router.cli", "P/D router in front of prefill and decode engines"),
     "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),
     "up": ("relaykv.launch.cli", "a local P/D cluster: prefill + decode engines and a router"),

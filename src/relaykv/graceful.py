@@ -30,7 +30,7 @@ class GracefulServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # type: ignore[override]
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Deliberately not uvicorn's: no re-raise of the signal after shutdown (exit 0).
         if self._drain is not None or self._loop is None:
             if sig == signal.SIGINT or self._loop is None:

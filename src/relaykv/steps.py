@@ -2,7 +2,7 @@
 
 A leaf module at the package root, pure Python, importing nothing of relaykv: the engine
 (`relaykv.engine.executor`), the model runner and the simulator all speak these records, so
-the engine reaches the model only through the `Executor` protocol (ARCHITECTURE.md layering).
+the engine reaches the model only through the `Executor` protocol (docs/architecture.md layering).
 
 KV positions the runner writes for one `SequenceWork` with `n = len(token_ids)`,
 `d = len(draft_token_ids)`, `s = start_position`, `k` = the runner's speculative tokens

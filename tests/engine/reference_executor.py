@@ -76,6 +76,10 @@ class ReferenceExecutor:
     def num_speculative_tokens(self) -> int:
         return self.k
 
+    @property
+    def kv_buffer(self) -> np.ndarray:
+        return self.buffer
+
     def _write(self, tables, p: int, token: int) -> None:
         for gi, g in enumerate(self._geometry.groups):
             block = tables[gi][p // g.block_size]

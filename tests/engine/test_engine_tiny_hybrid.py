@@ -97,7 +97,7 @@ def test_shared_long_prefix_reports_cached_tokens(tiny) -> None:
     assert first.num_cached_tokens == 0
     # The first prompt's replay boundary 96 (= floor(101/16)*16) is kept in every group -
     # its sliding window (W=64) spans three prefill chunks - so a sibling that diverges at
-    # 100 resumes at 96 (KVCACHE.md §6), and so does an identical resend.
+    # 100 resumes at 96 (docs/design.md §6), and so does an identical resend.
     (second,) = run(eng, [[*x, 21, 22]], [5], "s")
     assert second.num_cached_tokens == 96
     assert second.output_ids == alone(tiny, [*x, 21, 22], 5)

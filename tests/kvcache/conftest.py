@@ -75,7 +75,7 @@ class Driver:
         self._check()
 
     def finish(self, req: CacheRequest) -> None:
-        self.m.free(req)
+        self.m.release(req)
         self._check()
 
     def _check(self) -> None:
@@ -85,5 +85,5 @@ class Driver:
 
 @pytest.fixture
 def worked_example() -> Geometry:
-    """KVCACHE.md §7: full(b=16) + sliding(b=16, W=128), draft in the sliding group."""
+    """docs/design.md §7: full(b=16) + sliding(b=16, W=128), draft in the sliding group."""
     return geometry("full:16", "sliding:16:128", draft=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from relaykv.kvcache import Geometry, GroupSpec
@@ -13,16 +15,16 @@ def geometries(draw: st.DrawFn, max_groups: int = 3) -> Geometry:
     groups = []
     for _ in range(n):
         block = draw(st.sampled_from([2, 4, 8]))
-        if draw(st.booleans()):
+        kind = draw(st.sampled_from(["full", "sliding", "full", "sliding", "chunked"]))
+        if kind == "full":
             groups.append(GroupSpec("full", block))
-        else:
+        elif kind == "sliding":
             groups.append(GroupSpec("sliding", block, window=draw(st.integers(1, 24))))
+        else:
+            groups.append(GroupSpec("chunked", block, chunk=draw(st.integers(1, 24))))
     draft = draw(st.one_of(st.none(), st.integers(0, n - 1)))
     reuse = draw(st.sampled_from(["drop", "successor"]))
-    groups = [
-        GroupSpec(g.kind, g.block_size, window=g.window, draft=(i == draft))
-        for i, g in enumerate(groups)
-    ]
+    groups = [replace(g, draft=(i == draft)) for i, g in enumerate(groups)]
     return Geometry(tuple(groups), eagle_reuse=reuse)
 
 

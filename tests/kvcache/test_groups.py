@@ -1,4 +1,4 @@
-"""Per-kind rules (KVCACHE.md §4, §6), including the cases vLLM's tests pin."""
+"""Per-kind rules (docs/design.md §4, §6), including the cases vLLM's tests pin."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exact hybrid lookup against the brute-force oracle (KVCACHE.md §5)."""
+"""The exact hybrid lookup against the brute-force oracle (docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_lookup_equals_oracle_on_arbitrary_cache_states(geo, prompts, data) -> N
             m.pool.cache_blocks(
                 rule.index, [(req.tables[rule.index][k], keys[k]) for k in subset if k < len(keys)]
             )
-        m.free(req)
+        m.release(req)
     query = m.add_request("q", prompts[-1])
     hit = find_longest_hit(query, m.rules, m.pool)
     assert hit.tokens == oracle_hit(query, m.rules, m.pool)

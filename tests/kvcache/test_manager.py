@@ -1,4 +1,4 @@
-"""Manager flows: admission, skipping, retention, P/D holds and loads (KVCACHE.md §3-§8)."""
+"""Manager flows: admission, skipping, retention, P/D holds and loads (docs/design.md §3-§8)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_preempted_request_resumes_from_its_own_cache() -> None:
     d = Driver(m)
     req, _ = d.prefill(tokens(300))
     d.decode(req, 5)
-    m.free(req)  # preemption by recompute: blocks go back, hashes stay
+    m.release(req)  # preemption by recompute: blocks go back, hashes stay
     again = m.add_request("again", list(req.tokens))
     assert m.lookup(again).tokens > 0
     assert_consistent(m)
@@ -76,7 +76,7 @@ def test_prefill_role_holds_the_plan_and_frees_the_rest() -> None:
     assert [[k for k, _ in g] for g in held] == [list(r) for r in plan.held]
     assert m.pool.num_free == 255 - plan.held_blocks()
     assert_consistent(m)
-    m.free(req)
+    m.release(req)
     assert m.pool.num_free == 255
     assert_consistent(m)
 
@@ -104,12 +104,12 @@ def test_received_blocks_are_hashed_only_on_completion() -> None:
     _, d = _pd(geo)
     prompt = tokens(300)
     req = d.new(prompt, CacheRole.DECODE)
-    load = d.m.loads.begin(req)
+    load = d.m.receive(req)
     assert load is not None and load.needs_transfer
     sibling = d.m.add_request("sib", prompt)
     assert d.m.lookup(sibling).tokens == 0  # nothing in flight is hittable
     assert_consistent(d.m)
-    [settled] = d.m.loads.finish(load, ok=True)
+    [settled] = d.m.load_finished(load, ok=True)
     assert settled is load and load.ok
     assert d.m.lookup(sibling).tokens > 0
     assert_consistent(d.m)
@@ -119,16 +119,16 @@ def test_concurrent_loads_of_the_same_prefix_share_one_transfer() -> None:
     geo = geometry("full:16", "sliding:16:64")
     _, d = _pd(geo)
     x = tokens(512)
-    first = d.m.loads.begin(d.new(x + tokens(20, seed=1), CacheRole.DECODE))
-    second = d.m.loads.begin(d.new(x + tokens(20, seed=2), CacheRole.DECODE))
+    first = d.m.receive(d.new(x + tokens(20, seed=1), CacheRole.DECODE))
+    second = d.m.receive(d.new(x + tokens(20, seed=2), CacheRole.DECODE))
     assert first is not None and second is not None
     assert len(second.attached[0]) == 32  # all of x's full blocks
     assert len(second.attached[1]) == 3  # x's part of the window of N-1 (blocks 29..31)
     assert second.waits_on == {first}
     assert len(second.receive[0]) == 2  # only its own tail in the full group
     assert d.m.stats.loads_coalesced == 1
-    assert d.m.loads.finish(second, ok=True) == []  # still waits on the first transfer
-    settled = d.m.loads.finish(first, ok=True)
+    assert d.m.load_finished(second, ok=True) == []  # still waits on the first transfer
+    settled = d.m.load_finished(first, ok=True)
     assert set(settled) == {first, second} and all(s.ok for s in settled)
     assert_consistent(d.m)
 
@@ -138,14 +138,14 @@ def test_failed_shared_load_fails_its_waiters_and_leaks_nothing() -> None:
     _, d = _pd(geo)
     x = tokens(512)
     a, b = d.new([*x, 1], CacheRole.DECODE), d.new([*x, 2], CacheRole.DECODE)
-    first, second = d.m.loads.begin(a), d.m.loads.begin(b)
-    d.m.loads.finish(second, ok=True)
-    settled = d.m.loads.finish(first, ok=False)
+    first, second = d.m.receive(a), d.m.receive(b)
+    d.m.load_finished(second, ok=True)
+    settled = d.m.load_finished(first, ok=False)
     assert {s.request.request_id for s in settled} == {a.request_id, b.request_id}
     assert not any(s.ok for s in settled)
     sibling = d.m.add_request("sib", [*x, 3])
     assert d.m.lookup(sibling).tokens == 0  # the failed load published nothing
-    d.m.free(sibling)
+    d.m.release(sibling)
     d.finish(a)
     d.finish(b)
     assert d.m.pool.num_free == d.m.pool.num_usable
@@ -156,11 +156,11 @@ def test_request_freed_mid_transfer_keeps_its_blocks_until_the_transfer_settles(
     geo = geometry("full:16", "sliding:16:64")
     _, d = _pd(geo)
     req = d.new(tokens(300), CacheRole.DECODE)
-    load = d.m.loads.begin(req)
-    d.m.free(req)
+    load = d.m.receive(req)
+    d.m.release(req)
     assert d.m.pool.num_free < d.m.pool.num_usable  # the transport may still write
     assert_consistent(d.m)
-    assert d.m.loads.finish(load, ok=True) == []
+    assert d.m.load_finished(load, ok=True) == []
     assert d.m.pool.num_free == d.m.pool.num_usable
     assert d.m.lookup(d.m.add_request("again", tokens(300))).tokens > 0  # valid KV published
 
@@ -169,7 +169,7 @@ def test_load_refused_when_the_pool_is_full() -> None:
     geo = geometry("full:16", "sliding:16:64")
     _, d = _pd(geo, blocks=10)
     req = d.new(tokens(300), CacheRole.DECODE)
-    assert d.m.loads.begin(req) is None
+    assert d.m.receive(req) is None
     assert req.tables == [[], []]
     assert_consistent(d.m)
 
@@ -180,11 +180,9 @@ def test_stats_sum_to_prompt_tokens() -> None:
     prompt = tokens(300)
     for _ in range(2):
         req = d.new(prompt, CacheRole.DECODE)
-        load = d.m.loads.begin(req)
-        if load.needs_transfer:
-            d.m.loads.finish(load, ok=True)
-        else:
-            d.m.loads.settle_ready(load)
+        load = d.m.receive(req)
+        if not load.delivered:
+            d.m.load_finished(load, ok=True)
         d.finish(req)
     s = d.m.stats
     assert s.tokens_local_compute + s.tokens_local_cache_hit + s.tokens_external_kv_transfer == 600

@@ -1,4 +1,4 @@
-"""The P/D plan and its policies (KVCACHE.md §7), end to end through the cache probe."""
+"""The P/D plan and its policies (docs/design.md §7), end to end through the cache probe."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_plan_is_consistent_for_every_n(geo: Geometry, policy: str) -> None:
                 assert held.start == 0
                 continue
             # D recomputes N-1: its window must be held whatever the policy.
-            assert held.start <= rule.window_start_block(n - 1)
+            assert held.start <= rule.first_read_block(n - 1)
             # The sizing slack covers the plan (§8).
             assert rule.first_kept_block(n - 1, None) >= held.start
             assert max(0, n - rule.window - slack[rule.index]) // rule.block_size <= held.start
@@ -98,7 +98,7 @@ def test_replay_slack_only_widens_draft_sliding_groups() -> None:
 
 def test_replay_slack_leaves_the_collapse_when_the_draft_is_in_the_full_group() -> None:
     # gpt-oss-like: the replay boundary is global, so the sliding group needs a window the
-    # published fix never keeps (vLLM reference §11).
+    # published fix never keeps (docs/design.md §7).
     geo = geometry("full:16", "sliding:16:128", draft=0)
     result = run_probe(geo, "replay-slack", 1000)
     assert result["colocated"]["resend"] == 976

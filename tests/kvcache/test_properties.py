@@ -1,4 +1,4 @@
-"""Random sequences of requests, frees, evictions and P/D loads (KVCACHE.md §3, §5, §7).
+"""Random sequences of requests, frees, evictions and P/D loads (docs/design.md §3, §5, §7).
 
 A state machine drives a prefill engine P and a decode engine D through the real managers with
 small pools (so allocation fails and blocks get evicted); after every step both invariant
@@ -65,7 +65,7 @@ class CacheMachine(RuleBasedStateMachine):
         while pos < len(prompt):
             end = min(len(prompt), pos + chunk)
             if not m.allocate(req, end, hit=hit if first else None):
-                m.free(req)
+                m.release(req)
                 return None
             first = False
             m.cache(req, end)
@@ -96,7 +96,7 @@ class CacheMachine(RuleBasedStateMachine):
     def finish(self, data) -> None:
         item = data.draw(st.sampled_from(self.running))
         self.running.remove(item)
-        item[0].free(item[1])
+        item[0].release(item[1])
 
     @rule(prompt=prompts(), chunk=st.integers(4, 64))
     def start_transfer(self, prompt, chunk) -> None:
@@ -105,17 +105,17 @@ class CacheMachine(RuleBasedStateMachine):
             return
         held = self.p.hold_for_transfer(p_req)
         d_req = self.d.add_request(self._id(), prompt, role=CacheRole.DECODE)
-        load = self.d.loads.begin(d_req)
+        load = self.d.receive(d_req)
         if load is None:
-            self.d.free(d_req)
-            self.p.free(p_req)
+            self.d.release(d_req)
+            self.p.release(p_req)
             return
         load.transfer_pairs(held)  # P holds everything D will ask for
         if load.needs_transfer:
             self.loads.append((load, p_req))
         else:
-            self.p.free(p_req)
-            if self.d.loads.settle_ready(load):
+            self.p.release(p_req)
+            if load.delivered:
                 self._start_decode(load)
 
     def _start_decode(self, load) -> None:
@@ -126,26 +126,26 @@ class CacheMachine(RuleBasedStateMachine):
             self.d.cache(req, n)
             self.running.append((self.d, req))
         else:
-            self.d.free(req)
+            self.d.release(req)
 
     @precondition(lambda self: self.loads)
     @rule(data=st.data(), ok=st.booleans())
     def complete_transfer(self, data, ok) -> None:
         load, p_req = data.draw(st.sampled_from(self.loads))
         self.loads.remove((load, p_req))
-        self.p.free(p_req)
-        for settled in self.d.loads.finish(load, ok):
+        self.p.release(p_req)
+        for settled in self.d.load_finished(load, ok):
             if settled.ok:
                 self._start_decode(settled)
             else:
-                self.d.free(settled.request)
+                self.d.release(settled.request)
 
     @precondition(lambda self: self.loads)
     @rule(data=st.data())
     def abort_during_transfer(self, data) -> None:
         load, _ = data.draw(st.sampled_from(self.loads))
         if load.request.load is load:
-            self.d.free(load.request)
+            self.d.release(load.request)
 
     @invariant()
     def consistent(self) -> None:
@@ -157,11 +157,11 @@ class CacheMachine(RuleBasedStateMachine):
         if not hasattr(self, "p"):
             return
         for load, p_req in list(self.loads):
-            self.p.free(p_req)
-            for settled in self.d.loads.finish(load, ok=False):
-                self.d.free(settled.request)
+            self.p.release(p_req)
+            for settled in self.d.load_finished(load, ok=False):
+                self.d.release(settled.request)
         for m, req in self.running:
-            m.free(req)
+            m.release(req)
         for m in (self.p, self.d):
             assert_consistent(m)
             assert m.pool.num_free == m.pool.num_usable, "blocks leaked"

@@ -1,4 +1,4 @@
-"""Sizing and admission (KVCACHE.md §8): one cap at startup and at run time."""
+"""Sizing and admission (docs/design.md §8): one cap at startup and at run time."""
 
 from __future__ import annotations
 

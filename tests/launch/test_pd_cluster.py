@@ -98,7 +98,7 @@ def test_policies_end_to_end(colocated_engine) -> None:
             local = {name: p["local_hit_tokens"] for name, p in phases.items()}
             assert local["first_load"] == 0
             if policy in ("legacy", "replay-slack"):
-                # The draft sits in the full group: the collapse of KVCACHE.md §7, which the
+                # The draft sits in the full group: the collapse of docs/design.md §7, which the
                 # published fix (replay-slack) does not cover.
                 assert local["serial"] == 0 and local["overlap"] == 0, (policy, local)
             elif policy == "exact":

@@ -3,7 +3,7 @@
 Request A computes prompt x + a and keeps its blocks. Request B = x + b resumes at r
 (a multiple of the block size, r <= |x|): its full-group table reuses A's first r/b
 blocks, its sliding-group table reuses only the blocks covering the window of r and is
-null below (KVCACHE.md §4), and B computes from r on, in one chunk or many.
+null below (docs/design.md §4), and B computes from r on, in one chunk or many.
 """
 
 from __future__ import annotations

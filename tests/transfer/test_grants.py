@@ -9,20 +9,13 @@ import pytest
 
 from relaykv.transfer.transport import LeaseExpired, PageCopy, PageLayout, TransferRefused
 from relaykv.transfer.transport.grants import GrantTable
+from tests.waiting import ManualClock, wait_until
 
 LAYOUT = PageLayout(16, 1024, (1024, 512))
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def table() -> tuple[GrantTable, FakeClock]:
-    clock = FakeClock()
+def table() -> tuple[GrantTable, ManualClock]:
+    clock = ManualClock(100.0)
     return GrantTable(LAYOUT, clock=clock), clock
 
 
@@ -92,7 +85,9 @@ def test_release_waits_for_copies_in_progress() -> None:
     released = threading.Event()
     worker = threading.Thread(target=lambda: (grants.release("r"), released.set()))
     worker.start()
-    time.sleep(0.1)
+    # Once the grant is revoked, release() is inside its wait: with the copy still running
+    # it cannot have returned (no sleep that could pass before release even started).
+    wait_until(lambda: grant.revoked, what="release() to revoke the grant")
     assert not released.is_set(), "release returned while a copy was running"
     with pytest.raises(TransferRefused, match="released"):
         grants.begin(grant)  # no new copy may start

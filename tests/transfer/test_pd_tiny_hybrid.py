@@ -52,8 +52,8 @@ def colocated(model) -> list[list[int]]:
 def test_pd_matches_colocated(model, colocated, policy: str, transport: str) -> None:
     p, d = _engine(model, "prefill", policy), _engine(model, "decode", policy)
     t = get_transport(transport)
-    p.attach_connector(PDConnector("prefill", p.manager, t, p.executor.kv.buffer, engine_id="P"))
-    d.attach_connector(PDConnector("decode", d.manager, t, d.executor.kv.buffer, engine_id="D"))
+    p.attach_connector(PDConnector("prefill", p.manager, t, p.executor.kv_buffer, engine_id="P"))
+    d.attach_connector(PDConnector("decode", d.manager, t, d.executor.kv_buffer, engine_id="D"))
     try:
         outs: dict[str, list[int]] = {}
         for i, prompt in enumerate(_prompts()):

@@ -1,10 +1,11 @@
 """relaykv.bench: benchmark clients for OpenAI-compatible servers (a client layer).
 
 `bench serve` is a streaming load generator flag- and output-compatible with
-`vllm bench serve` (COMPAT.md); `probe` is the seed's fixed-engine cache probe; `bench ab`
+`vllm bench serve` (docs/benchmarking.md);
+`probe` is the seed's fixed-engine cache probe; `bench ab`
 runs one workload against several cluster configurations in A/B/A order.
 
-Layering (ARCHITECTURE.md): this package talks to servers over HTTP only and imports nothing
+Layering (docs/architecture.md): this package talks to servers over HTTP only and imports nothing
 else from relaykv, so it benchmarks relaykv, vLLM and SGLang alike.
 """
 

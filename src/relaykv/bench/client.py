@@ -1,6 +1,7 @@
 """The async streaming request: one OpenAI-style request in, one `RequestOutcome` out.
 
-Timing (COMPAT.md, as vLLM measures it): the clock starts just before the POST; a *token
+Timing (docs/benchmarking.md "Metrics", as vLLM measures it):
+the clock starts just before the POST; a *token
 chunk* is a streamed event carrying at least one choice (the trailing usage-only chunk,
 `choices: []`, SSE comments and a chat stream's opening role-only chunk, whose delta has a
 `role` and no text, are not); TTFT = first token chunk, ITL = gaps between token chunks,

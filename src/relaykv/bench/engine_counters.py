@@ -1,6 +1,6 @@
 """Reading a cluster's engines: `GET /cluster` on the router, `GET /metrics` on engines.
 
-Contract (HELPER_GUIDE "Cluster discovery", "Metrics exposed by engines"): the router
+Contract (docs/benchmarking.md "What the servers must provide"): the router
 answers `/cluster` with `{"router": URL, "prefill": [URL], "decode": [URL]}`; every engine
 serves Prometheus text at `/metrics`. Counters are summed over label sets and engines.
 """
@@ -15,7 +15,7 @@ import aiohttp
 from relaykv.bench.prometheus import ExpositionError, counter_total, parse_samples
 from relaykv.bench.server_info import ServerError, fetch_json
 
-# short name -> Prometheus counter name (COMPAT.md, HELPER_GUIDE metrics list)
+# short name -> Prometheus counter name (docs/metrics.md)
 COUNTERS: dict[str, str] = {
     "local_hit_tokens": "vllm:prefix_cache_hits",
     "local_query_tokens": "vllm:prefix_cache_queries",

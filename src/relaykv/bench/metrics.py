@@ -1,4 +1,4 @@
-"""Benchmark metrics as pure functions of request outcomes (COMPAT.md "Metric definitions").
+"""Benchmark metrics as pure functions of request outcomes (docs/benchmarking.md "Metrics").
 
 Definitions follow vLLM's `calculate_metrics` (vllm/benchmarks/serve.py):
 * over successful requests: TTFT, ITL (all gaps pooled), E2EL, and TPOT =

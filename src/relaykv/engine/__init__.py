@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from relaykv.engine.async_engine import AsyncEngine, EngineDeadError
 from relaykv.engine.connector import KVConnector
-from relaykv.engine.engine import ROLES, EngineConfig, LLMEngine
+from relaykv.engine.engine import EngineConfig, LLMEngine
 from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics, Histogram
 from relaykv.engine.request import FinishReason, Request, RequestOutput, RequestState
@@ -13,7 +13,6 @@ from relaykv.steps import InvalidRequest, SamplingParams
 
 __all__ = [
     "KV_LOAD_FAILURE_POLICIES",
-    "ROLES",
     "AsyncEngine",
     "EngineConfig",
     "EngineDeadError",

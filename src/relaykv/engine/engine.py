@@ -19,10 +19,8 @@ from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestOutput
 from relaykv.engine.scheduler import Scheduler, SchedulerConfig
-from relaykv.kvcache import KVCacheManager
+from relaykv.kvcache import DEFAULT_PD_POLICY, CacheSizing, KVCacheManager, PDPolicy, Role
 from relaykv.steps import InvalidRequest, SamplingParams, StepBatch
-
-ROLES = ("colocated", "prefill", "decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +29,12 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "boundaries"
     enable_prefix_caching: bool = True
-    role: str = "colocated"  # colocated | prefill | decode (P/D)
-    pd_policy: str = "per-group"
+    role: Role = Role.COLOCATED
+    pd_policy: PDPolicy = DEFAULT_PD_POLICY
     model_name: str = "relaykv"
+    # The startup sizing (built and checked once, by whoever sized the pool); None: the
+    # cache manager builds it from the fields above.
+    sizing: CacheSizing | None = None
 
 
 class LLMEngine:
@@ -47,8 +48,7 @@ class LLMEngine:
         vocab_size: int | None = None,
         connector: KVConnector | None = None,
     ) -> None:
-        if config.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {config.role!r}")
+        self.role = Role.parse(config.role)
         self.executor = executor
         self.config = config
         self.tokenizer = tokenizer
@@ -64,7 +64,8 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             max_model_len=sched.max_model_len,
             max_in_flight_tokens=sched.max_num_batched_tokens + k,
-            pd_role=config.role != "colocated",
+            pd_role=self.role.in_pd_pair,
+            sizing=config.sizing,
         )
         self.metrics = EngineMetrics(config.scheduler.max_model_len)
         self.scheduler = Scheduler(
@@ -75,7 +76,7 @@ class LLMEngine:
 
     def attach_connector(self, connector: KVConnector) -> None:
         """Plug a P/D connector in (it is built over this engine's cache manager)."""
-        if self.config.role == "colocated":
+        if not self.role.in_pd_pair:
             raise ValueError("a colocated engine has no KV connector")
         self.connector = connector
         self.scheduler.connector = connector
@@ -236,7 +237,7 @@ class LLMEngine:
             num_cached_tokens=req.num_cached_tokens,
             # Only a prefill engine answers with transfer parameters (where its KV is).
             kv_transfer_params=req.kv_transfer_params
-            if req.finished and self.config.role == "prefill"
+            if req.finished and self.role is Role.PREFILL
             else None,
             error=req.error,
         )

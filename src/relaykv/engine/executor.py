@@ -29,4 +29,11 @@ class Executor(Protocol):
         """k: draft tokens proposed per step (0 without a draft model)."""
         ...
 
+    @property
+    def kv_buffer(self) -> object | None:
+        """The memory holding the KV pages, `[num_blocks, block_bytes]` bytes (a torch
+        tensor for the model runner), which a P/D transport reads from and writes into;
+        None for an executor without real KV (a cost model)."""
+        ...
+
     def execute(self, batch: StepBatch) -> StepOutput: ...

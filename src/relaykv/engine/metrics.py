@@ -1,8 +1,8 @@
-"""Engine metrics: counters, latency histograms, speculative decoding (COMPAT.md names).
+"""Engine metrics: counters, latency histograms, speculative decoding (docs/metrics.md).
 
 The engine thread writes; a metrics endpoint reads a consistent-enough snapshot at scrape time
 (integers and fixed bucket arrays only, so a torn read is off by one event at worst). Cache
-counters live in `KVCacheManager.stats` (KVCACHE.md §9) and are exported next to these.
+counters live in `KVCacheManager.stats` (docs/design.md §9) and are exported next to these.
 """
 
 from __future__ import annotations

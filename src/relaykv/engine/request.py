@@ -40,7 +40,6 @@ class Request:
     num_computed_tokens: int = 0
     draft_token_ids: list[int] = field(default_factory=list)
     cache: CacheRequest | None = None
-    load: Any = None  # the decode-side KV load while WAITING_FOR_REMOTE_KV
     load_start_time: float | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

@@ -3,7 +3,7 @@
 Each step: running requests first (decode tokens, with their draft tokens, then the next chunk
 of prompts already started), then new requests in arrival order while the token budget
 (`max_num_batched_tokens`) and the request cap (`max_num_seqs`) allow. Admission looks the
-prompt up in the cache and applies the sizing rule of KVCACHE.md §8 (the whole prompt must
+prompt up in the cache and applies the sizing rule of docs/design.md §8 (the whole prompt must
 fit under the per-group caps). When a running request cannot get blocks, the most recently
 admitted running request is preempted by recompute (its blocks return to the pool; its hashes
 stay, so it resumes from its own cached prefix).
@@ -12,22 +12,26 @@ Token accounting follows `relaykv.steps`: a sampling entry commits `n + a` posit
 tokens and the accepted drafts); rejected drafts are rolled back simply by not counting them,
 and sliding-window frees only ever use committed (processed) positions (§6).
 
-On a decode engine (P/D) a request whose prompt KV comes from a prefill engine is admitted
-through `KVCacheManager.loads` and waits in WAITING_FOR_REMOTE_KV until its load settles; it
-then resumes at N-1 (the last prompt token is recomputed for its logits).
+The cache side of every request goes through the lifecycle of `KVCacheManager` (docs/design.md
+§10): `add_request` on arrival, `admit` / `reserve` / `commit` / `preempt` while it runs here,
+`release` when it ends. On a decode engine (P/D) a request whose prompt KV comes from a
+prefill engine is admitted with `receive` and waits in WAITING_FOR_REMOTE_KV until
+`load_finished` delivers its load; it then resumes at N-1 (the last prompt token is recomputed
+for its logits).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
-from relaykv.kvcache import CacheRole, KVCacheManager
-from relaykv.steps import SequenceWork
+from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
+from relaykv.steps import SequenceOutput, SequenceWork
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
@@ -119,9 +123,9 @@ class Scheduler:
             params = self.connector.prefill_finished(req)
             req.kv_transfer_params = params
             if params is None:
-                self.manager.free(req.cache)
+                self.manager.release(req.cache)
         else:
-            self.manager.free(req.cache)
+            self.manager.release(req.cache)
 
     # -- scheduling ------------------------------------------------------------------
     def schedule(self) -> list[ScheduledSequence]:
@@ -194,7 +198,7 @@ class Scheduler:
         drafts = self._drafts_for(req, n, budget)
         assert req.cache is not None
         end = req.num_computed_tokens + n + len(drafts)
-        while not self.manager.allocate(req.cache, end, lookahead=self._lookahead(req, n)):
+        while not self.manager.reserve(req.cache, end, lookahead=self._lookahead(req, n)):
             victim = self.running[-1]
             self._preempt(victim)
             if victim is req:
@@ -203,37 +207,22 @@ class Scheduler:
 
     def _admit(self, req: Request, budget: int) -> ScheduledSequence | None:
         assert req.cache is not None
-        hit = self.manager.lookup(req.cache)
-        n = min(req.num_tokens - hit.tokens, budget)
-        req.num_computed_tokens = hit.tokens
-        ok = self.manager.allocate(
+        admission = self.manager.admit(
             req.cache,
-            hit.tokens + n,
-            hit=hit,
-            lookahead=self._lookahead(req, n),
+            budget,
+            lookahead=0 if req.is_prefill_only else self.k,
             must_fit=min(req.num_tokens, self.config.max_model_len),
         )
-        if not ok:
-            req.num_computed_tokens = 0
+        if admission is None:
             return None
-        self.manager.stats.record_local(req.num_tokens, hit.tokens, preempted=req.admitted)
+        req.num_computed_tokens = admission.start
         if not req.admitted:
-            req.num_cached_tokens = hit.tokens
-            self._record_group_hits(hit.blocks)
+            req.num_cached_tokens = admission.start
         req.admitted = True
         self.waiting.popleft()
         req.state = RequestState.RUNNING
         self.running.append(req)
-        return ScheduledSequence(req, self._work(req, n, []))
-
-    def _record_group_hits(self, blocks: list[list[int]]) -> None:
-        """Per group, the prompt KV a local hit reused (the relaykv:group_prefix_* counters,
-        KVCACHE.md §9): a sliding group only counts its real window blocks, not the nulls."""
-        stats = self.manager.stats
-        for rule in self.manager.rules:
-            b = rule.block_size
-            reused = sum(1 for block in blocks[rule.index] if block) * b
-            stats.record_group_reuse(rule.index, reused, 0, rule.spec.page_bytes, b)
+        return ScheduledSequence(req, self._work(req, admission.num_tokens, []))
 
     def _preempt(self, req: Request) -> None:
         assert req.cache is not None
@@ -249,12 +238,11 @@ class Scheduler:
     # -- decode side of P/D ----------------------------------------------------------------
     def _admit_remote(self, req: Request) -> bool:
         assert req.cache is not None
-        load = self.manager.loads.begin(req.cache)
+        load = self.manager.receive(req.cache)
         if load is None:
             return False
         self.waiting.popleft()
         req.admitted = True
-        req.load = load
         req.load_start_time = time.monotonic()
         req.num_cached_tokens = load.local_tokens
         req.num_external_tokens = max(0, req.num_prompt_tokens - 1 - load.local_tokens)
@@ -267,8 +255,8 @@ class Scheduler:
         else:
             # Everything is local or already on its way: P may free its blocks now.
             self.connector.release_remote(req)
-            if self.manager.loads.settle_ready(load):
-                self._loaded(req, ok=True)
+            if load.delivered:
+                self._loaded(req, load)
         return True
 
     def settle_transfers(self) -> None:
@@ -278,21 +266,20 @@ class Scheduler:
         if waiting:
             self.connector.keep_alive(waiting)
         for load, ok in self.connector.poll():
-            for settled in self.manager.loads.finish(load, ok):
-                req = self.loading.get(settled.request.request_id)
+            for delivered in self.manager.load_finished(load, ok):
+                req = self.loading.get(delivered.request.request_id)
                 if req is not None:
-                    self._loaded(req, settled.ok)
+                    self._loaded(req, delivered)
 
-    def _loaded(self, req: Request, ok: bool) -> None:
+    def _loaded(self, req: Request, load: KVLoad) -> None:
+        """`load` was delivered to `req`: run it (resuming at N-1), or handle the failure."""
         del self.loading[req.request_id]
-        if req.load is not None and req.load.needs_transfer and req.load_start_time is not None:
+        if load.needs_transfer and req.load_start_time is not None:
             self.metrics.kv_transfer.observe(time.monotonic() - req.load_start_time)
-        req.load = None
         assert req.cache is not None
-        if ok:
+        if load.ok:
             # Full-prompt rule: recompute the last prompt token for its logits (§7).
             req.num_computed_tokens = req.num_prompt_tokens - 1
-            self.manager.free_skipped(req.cache, req.num_computed_tokens)
             req.state = RequestState.RUNNING
             self.running.append(req)
             return
@@ -303,11 +290,13 @@ class Scheduler:
             return
         # Recompute locally: forget the remote prompt KV and prefill here like a colocated
         # request (whatever D holds locally is still found by the lookup).
-        self.manager.free(req.cache)
+        self.manager.release(req.cache)
         req.kv_transfer_params = None
         req.num_computed_tokens = 0
         req.num_external_tokens = 0
-        req.cache = self.manager.add_request(req.request_id, req.prompt_ids, req.cache_salt)
+        req.cache = self.manager.add_request(
+            req.request_id, req.prompt_ids, req.cache_salt, recompute=True
+        )
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
 
@@ -315,10 +304,16 @@ class Scheduler:
         """Violations of the scheduler's invariants (tests run this after every step)."""
         problems = []
         seen: dict[str, str] = {}
-        queues = (("waiting", list(self.waiting)), ("running", self.running),
-                  ("loading", list(self.loading.values())))
-        expected = {"waiting": RequestState.WAITING, "running": RequestState.RUNNING,
-                    "loading": RequestState.WAITING_FOR_REMOTE_KV}
+        queues = (
+            ("waiting", list(self.waiting)),
+            ("running", self.running),
+            ("loading", list(self.loading.values())),
+        )
+        expected = {
+            "waiting": RequestState.WAITING,
+            "running": RequestState.RUNNING,
+            "loading": RequestState.WAITING_FOR_REMOTE_KV,
+        }
         for name, reqs in queues:
             for req in reqs:
                 if req.request_id in seen:
@@ -336,7 +331,7 @@ class Scheduler:
 
     # -- after a step ------------------------------------------------------------------
     def update(
-        self, scheduled: list[ScheduledSequence], outputs: list
+        self, scheduled: list[ScheduledSequence], outputs: Sequence[SequenceOutput]
     ) -> list[tuple[Request, list[int]]]:
         """Commit a step: advance positions, append sampled tokens up to a stop condition,
         hash what was written and slide the windows; finish requests that stopped.
@@ -366,10 +361,7 @@ class Scheduler:
                 req.draft_token_ids = [] if stop else list(out.draft_token_ids)
             else:
                 req.num_computed_tokens = work.start_position + len(work.token_ids)
-            if new_tokens:
-                self.manager.append_tokens(req.cache, new_tokens)
-            self.manager.cache(req.cache, req.num_computed_tokens)
-            self.manager.free_skipped(req.cache, req.num_computed_tokens)
+            self.manager.commit(req.cache, req.num_computed_tokens, new_tokens)
             if stop is not None:
                 req.stop_reason = stop[1]
                 self.finish(req, stop[0])

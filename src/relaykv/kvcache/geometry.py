@@ -1,7 +1,7 @@
-"""KV cache geometry: groups, block sizes, windows, the draft flag (KVCACHE.md §1).
+"""KV cache geometry: groups, block sizes, windows, the draft flag (docs/design.md §1).
 
 A geometry is everything the cache needs to know about a model: which KV groups exist,
-their kind (`full` or `sliding(W)`), their block size, and whether a group holds the
+their kind (`full`, `sliding(W)` or `chunked(C)`), their block size, and whether a group holds the
 layers of an EAGLE-style draft model. The derived constants `alignment` (lcm of block
 sizes, the hit alignment A) and `hash_unit` (gcd, u) follow from it.
 """
@@ -12,7 +12,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-GroupKind = Literal["full", "sliding"]
+# kind -> the GroupSpec field holding its size parameter, and its letter in `describe()`.
+# What a kind MEANS (which blocks matter) lives in `relaykv.kvcache.groups`, one file per kind.
+KIND_PARAMETER: dict[str, tuple[str, str] | None] = {
+    "full": None,
+    "sliding": ("window", "W"),
+    "chunked": ("chunk", "C"),
+}
 EagleReuse = Literal["drop", "successor"]
 EAGLE_REUSE_MODES: tuple[str, ...] = ("drop", "successor")
 
@@ -26,33 +32,43 @@ def cdiv(a: int, b: int) -> int:
 class GroupSpec:
     """One KV group: layers of the same kind and block size sharing one block table.
 
-    `bytes_per_token` is the KV bytes one token occupies across all layers of the group
-    (K and V); it only matters for memory sizing, so cache-only tools may leave it 0.
+    `window` is a sliding group's W, `chunk` a chunked-local group's C (a full group has
+    neither). `bytes_per_token` is the KV bytes one token occupies across all layers of the
+    group (K and V); it only matters for memory sizing, so cache-only tools may leave it 0.
     """
 
-    kind: GroupKind
+    kind: str  # a key of KIND_PARAMETER: full, sliding or chunked
     block_size: int
     window: int | None = None
     draft: bool = False
     num_layers: int = 1
     bytes_per_token: int = 0
+    chunk: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("full", "sliding"):
-            raise ValueError(f"unknown group kind {self.kind!r} (expected full or sliding)")
+        if self.kind not in KIND_PARAMETER:
+            raise ValueError(
+                f"unknown group kind {self.kind!r} (expected {' or '.join(KIND_PARAMETER)})"
+            )
         if self.block_size < 1:
             raise ValueError(f"block size must be >= 1, got {self.block_size}")
-        if self.kind == "sliding":
-            if self.window is None or self.window < 1:
-                raise ValueError("a sliding group needs a window >= 1")
-        elif self.window is not None:
-            raise ValueError("a full group has no window")
+        own = KIND_PARAMETER[self.kind]
+        for param in KIND_PARAMETER.values():
+            if param is None:
+                continue
+            value = getattr(self, param[0])
+            if param is own and (value is None or value < 1):
+                raise ValueError(f"a {self.kind} group needs a {param[0]} >= 1")
+            if param is not own and value is not None:
+                raise ValueError(f"a {self.kind} group has no {param[0]}")
         if self.num_layers < 0 or self.bytes_per_token < 0:
             raise ValueError("num_layers and bytes_per_token must be >= 0")
 
     @property
-    def is_sliding(self) -> bool:
-        return self.kind == "sliding"
+    def parameter(self) -> int | None:
+        """The kind's size parameter (W, C), None for a full group."""
+        own = KIND_PARAMETER[self.kind]
+        return None if own is None else getattr(self, own[0])
 
     @property
     def page_bytes(self) -> int:
@@ -60,19 +76,16 @@ class GroupSpec:
         return self.block_size * self.bytes_per_token
 
     def describe(self) -> str:
-        base = (
-            f"full(b={self.block_size})"
-            if self.kind == "full"
-            else (f"sliding(b={self.block_size}, W={self.window})")
-        )
-        return base + (" [draft]" if self.draft else "")
+        own = KIND_PARAMETER[self.kind]
+        extra = "" if own is None else f", {own[1]}={self.parameter}"
+        return f"{self.kind}(b={self.block_size}{extra})" + (" [draft]" if self.draft else "")
 
 
 @dataclass(frozen=True, slots=True)
 class Geometry:
     """The groups of a model's KV cache plus the speculative-decoding settings.
 
-    `eagle` turns on the EAGLE rules of KVCACHE.md §4. It is implied by any draft group;
+    `eagle` turns on the EAGLE rules of docs/design.md §4. It is implied by any draft group;
     if it is set and no group is marked draft, every group counts as marked (§4).
     """
 
@@ -138,27 +151,33 @@ class Geometry:
 
 
 def parse_groups(text: str) -> tuple[GroupSpec, ...]:
-    """Parse `full:16,sliding:16:128` into group specs (the `--groups` flag)."""
+    """Parse `full:16,sliding:16:128,chunked:16:8192` into group specs (`--groups`)."""
     groups: list[GroupSpec] = []
     for item in text.split(","):
         fields = item.strip().split(":")
         try:
-            if fields[0] == "full" and len(fields) == 2:
-                groups.append(GroupSpec("full", int(fields[1])))
-            elif fields[0] == "sliding" and len(fields) == 3:
-                groups.append(GroupSpec("sliding", int(fields[1]), window=int(fields[2])))
-            else:
+            if fields[0] not in KIND_PARAMETER:
                 raise ValueError
+            param = KIND_PARAMETER[fields[0]]
+            if len(fields) != (2 if param is None else 3):
+                raise ValueError
+            size: dict[str, int | None] = {"window": None, "chunk": None}
+            if param is not None:
+                size[param[0]] = int(fields[2])
+            groups.append(
+                GroupSpec(fields[0], int(fields[1]), window=size["window"], chunk=size["chunk"])
+            )
         except ValueError as exc:
-            raise ValueError(
-                f"bad group {item.strip()!r}: expected full:BLOCK or sliding:BLOCK:WINDOW"
-            ) from exc
+            raise ValueError(f"bad group {item.strip()!r}: expected {GROUP_SYNTAX}") from exc
     return tuple(groups)
+
+
+GROUP_SYNTAX = "full:BLOCK or sliding:BLOCK:WINDOW or chunked:BLOCK:CHUNK"
 
 
 def _gpt_oss_like() -> Geometry:
     # Alternating full and sliding(W=128) layers, one block size; the EAGLE3 draft layer is
-    # a full-attention layer, so it joins the full group (KVCACHE.md §1).
+    # a full-attention layer, so it joins the full group (docs/design.md §1).
     return Geometry(
         (
             GroupSpec("full", 16, draft=True, num_layers=12),

@@ -1,4 +1,4 @@
-"""Deterministic chained block hashes (KVCACHE.md §2).
+"""Deterministic chained block hashes (docs/design.md §2).
 
 `h_k = H(h_{k-1} || extra_k || tokens[k*u:(k+1)*u])` over hash units of `u` tokens, with a fixed
 seed for `h_{-1}`, so equal hashes mean equal whole prefixes in every process and on every
@@ -27,7 +27,7 @@ _SALT_TAG = b"relaykv/salt\x00"
 _SUCCESSOR_TAG = b"relaykv/successor\x00"
 
 
-def token_bytes(tokens: Sequence[int] | np.ndarray | array) -> bytes:
+def token_bytes(tokens: Sequence[int] | np.ndarray | array[int]) -> bytes:
     """Little-endian int32 bytes of a token sequence (the hashed representation)."""
     if isinstance(tokens, np.ndarray):
         return tokens.astype("<i4", copy=False).tobytes()
@@ -88,7 +88,7 @@ class TokenHashes:
         self.hashes: list[bytes] = []
         self._pending = b""
 
-    def extend(self, tokens: Sequence[int] | np.ndarray | array | Iterable[int]) -> None:
+    def extend(self, tokens: Sequence[int] | np.ndarray | array[int] | Iterable[int]) -> None:
         if not isinstance(tokens, (np.ndarray, array, list, tuple)):
             tokens = list(tokens)
         data = self._pending + token_bytes(tokens)

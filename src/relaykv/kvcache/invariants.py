@@ -1,4 +1,4 @@
-"""The invariant checker of a cache manager (KVCACHE.md §3, §7). Tests run it after every step.
+"""The invariant checker of a cache manager (docs/design.md §3, §7). Tests run it after every step.
 
 Beyond the pool's own checks (`BlockPool.check`), it verifies that the manager's view agrees
 with the pool's: every block's reference count equals the number of live block-table entries
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from relaykv.kvcache.groups import FullAttentionGroup
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pool import NULL_BLOCK
 
@@ -24,13 +23,13 @@ def check_manager(manager: KVCacheManager) -> list[str]:
         for rule in manager.rules:
             table = req.tables[rule.index]
             refs.update(b for b in table if b != NULL_BLOCK)
-            if isinstance(rule, FullAttentionGroup):
+            if rule.prefix_closed:
                 if NULL_BLOCK in table:
                     problems.append(f"{req.request_id}: full group {rule.index} holds a null")
             else:
                 real = [i for i, b in enumerate(table) if b != NULL_BLOCK]
                 if real and any(table[i] == NULL_BLOCK for i in range(real[0], real[-1] + 1)):
-                    problems.append(f"{req.request_id}: sliding group {rule.index} has a hole")
+                    problems.append(f"{req.request_id}: group {rule.index} has a hole")
             if len(set(b for b in table if b)) != sum(1 for b in table if b):
                 problems.append(f"{req.request_id}: group {rule.index} repeats a block")
     for block in range(1, pool.num_blocks):
@@ -42,11 +41,11 @@ def check_manager(manager: KVCacheManager) -> list[str]:
     for load in manager.loads.active.values():
         for items in load.receive:
             for _, block in items:
-                if load.own_state == "pending" and pool.block_key[block] is not None:
+                if load.pending and pool.block_key[block] is not None:
                     problems.append(f"load {load.load_id}: in-flight block {block} is hashed")
     for group, registry in enumerate(manager.loads.inflight):
         for load, block in registry.values():
-            if load.own_state != "pending":
+            if not load.pending:
                 problems.append(f"group {group}: finished load {load.load_id} still registered")
             if pool.ref_cnt[block] == 0:
                 problems.append(f"group {group}: registered in-flight block {block} is free")

@@ -1,12 +1,13 @@
-"""The exact hybrid lookup: the largest resume point every group can serve (KVCACHE.md §5).
+"""The exact hybrid lookup: the largest resume point every group can serve (docs/design.md §5).
 
 A resume point r is valid when r is a multiple of A, r <= N-1, and every group holds
-`needed(r)` (§4, EAGLE peek included). Full groups are downward closed, so they are looked up
-once; sliding groups are not, so each is asked for its largest valid point below the current
-candidate and the groups are intersected until the candidate stops shrinking. Every step keeps
-the true answer r* below the candidate (each group's answer is >= r* whenever the candidate
-is), and a fixed point is valid in every group, so the result equals r*: the brute-force
-oracle (`relaykv.kvcache.oracle`) checks this on random inputs.
+`needed(r)` (§4, EAGLE peek included). Prefix-closed (full) groups are downward closed, so
+they are looked up once; the others (sliding, chunked) are not, so each is asked for its
+largest valid point below the current candidate and the groups are intersected until the
+candidate stops shrinking. Every step keeps the true answer r* below the candidate (each
+group's answer is >= r* whenever the candidate is), and a fixed point is valid in every
+group, so the result equals r*: the brute-force oracle (`relaykv.kvcache.oracle`) checks
+this on random inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
+from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.pool import NULL_BLOCK
 from relaykv.kvcache.request import CacheRequest
 
@@ -59,17 +60,17 @@ def find_longest_hit(
     candidate = cap
     proven_shared = None  # tokens the full groups proved shared with some cached prefix
     for rule in rules:
-        if isinstance(rule, FullAttentionGroup):
+        if rule.prefix_closed:
             matched = rule.matched_blocks(
                 keys[rule.index], maps[rule.index], cap // rule.block_size + rule.peek
             )
             shared = matched * rule.block_size
             proven_shared = shared if proven_shared is None else min(proven_shared, shared)
             candidate = min(candidate, rule.hit_from_matched(matched, cap))
-    sliding = [rule for rule in rules if not isinstance(rule, FullAttentionGroup)]
+    dropping = [rule for rule in rules if not rule.prefix_closed]
     while candidate > 0:
         shrunk = candidate
-        for rule in sliding:
+        for rule in dropping:
             shrunk = rule.longest_hit(keys[rule.index], maps[rule.index], shrunk)
             if shrunk == 0:
                 break
@@ -98,6 +99,5 @@ def _junction(rules: tuple[GroupRules, ...], shared: int, cap: int) -> int:
     """Largest aligned r <= cap whose needs (peek blocks included) lie inside `shared`."""
     limit = cap
     for rule in rules:
-        limit = min(limit, shared - rule.peek * rule.block_size)
-    alignment = rules[0].alignment
-    return max(0, limit) // alignment * alignment
+        limit = min(limit, rule.last_point_within(shared // rule.block_size))
+    return rules[0].align_down(limit)

@@ -1,37 +1,66 @@
-"""The scheduler-facing cache manager: lookup, allocation, caching, frees (KVCACHE.md §3-§8).
+"""The cache manager: one engine's blocks and the lifecycle of its requests (docs/design.md §10).
 
 One `KVCacheManager` per engine owns the block pool, the per-group rules and the cache state
-of every live request. The scheduler calls it in this order for a request computed here:
+of every live request. Every driver (the engine's scheduler, `relaykv cache-probe`, the
+simulator, a router's model of an engine) walks a request through the same lifecycle:
 
-    req = add_request(id, prompt, salt)
-    hit = lookup(req)                       # exact hybrid hit (§5), touches nothing
-    allocate(req, n, hit=hit, must_fit=N)   # touches the hit, allocates up to n (+ lookahead)
-    ... after each step:  cache(req, processed); free_skipped(req, processed)
-    free(req)
+    req = manager.add_request(id, prompt, salt, role)   # open: hashes the prompt
+    # computed here (a colocated or prefill engine):
+    adm = manager.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
+    ok = manager.reserve(req, end, lookahead=k)         # before each later step; False: the
+                                                        #   pool is full, preempt someone
+    manager.commit(req, processed, new_tokens)          # after each step: hash, slide windows
+    manager.preempt(req)                                # back to waiting; admit() again later
+    held = manager.hold_for_transfer(req)               # prefill engine: keep the plan for D
+    # received from a prefill engine (a decode engine):
+    load = manager.receive(req)                         # None: wait; else fill load.receive
+    delivered = manager.load_finished(load, ok)         # the transport ended load's transfer
+    manager.release(req)                                # always last (deferred while the
+                                                        #   request's own transfer flies)
 
-A prefill engine (`CacheRole.PREFILL`) finishes with `hold_for_transfer(req)` and frees after
-the decode engine has read the blocks. A decode engine receives KV through `loads`
-(`relaykv.kvcache.decode_loads`). Safety rules: block tables are written only here; a block is
-hashed only once its KV is written (the scheduler passes processed token counts, never
-scheduled ones); frees are tail first.
+A load with nothing to receive (everything local or already on its way) may be delivered by
+`receive` itself (`load.delivered`); otherwise it is delivered by the `load_finished` of its
+own transfer or of the last shared transfer it waits on. A delivered load has cleared
+`req.load`; if `load.ok`, the request resumes at N-1 (the full-prompt rule), else the caller
+releases it (and may re-open it to recompute).
+
+Safety rules: block tables are written only here; a block is hashed only once its KV is
+written (`commit` takes processed token counts, never scheduled ones); releases are tail
+first. The building blocks (`lookup`, `allocate`, `cache`, `free_skipped`) stay public for
+benchmarks and tests that time or probe one phase; drivers use the lifecycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from relaykv.kvcache.decode_loads import DecodeLoads
+from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
+from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
-from relaykv.kvcache.pd_plan import PD_POLICIES, pd_plan
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
-from relaykv.kvcache.request import CacheRequest, CacheRole
-from relaykv.kvcache.retention import Retention, parse_retention, replay_boundaries, sliding_mask
+from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.kvcache.pd_plan import pd_plan, prefill_hit_cap
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
+from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
+from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now."""
+
+    hit: LocalHit
+    num_tokens: int
+
+    @property
+    def start(self) -> int:
+        return self.hit.tokens
 
 
 class KVCacheManager:
@@ -41,17 +70,16 @@ class KVCacheManager:
         num_blocks: int,
         *,
         retention: str | Retention = "boundaries",
-        pd_policy: str = "per-group",
+        pd_policy: PDPolicy | str = DEFAULT_PD_POLICY,
         enable_caching: bool = True,
         max_model_len: int = 1 << 20,
         max_in_flight_tokens: int = 8192,
         pd_role: bool = False,
         on_event: EventSink | None = None,
+        sizing: CacheSizing | None = None,
     ) -> None:
-        if pd_policy not in PD_POLICIES:
-            raise ValueError(
-                f"unknown P/D policy {pd_policy!r}; choose from {', '.join(PD_POLICIES)}"
-            )
+        """`sizing`: the engine's `CacheSizing`, built and checked once at startup (then
+        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it)."""
         self.geometry = geometry
         self.rules = rules_for(geometry)
         self.retention = (
@@ -59,68 +87,144 @@ class KVCacheManager:
             if isinstance(retention, Retention)
             else parse_retention(retention, geometry.alignment)
         )
-        self.pd_policy = pd_policy
+        self.pd_policy = PDPolicy.parse(pd_policy)
         self.pool = BlockPool(num_blocks, geometry.num_groups, enable_caching)
-        self._event_sink: EventSink | None = None
-        self._event_source: tuple[CacheRequest, int] | None = None  # (request, lowest index)
-        self.set_event_sink(on_event)
-        self.sizing = CacheSizing.build(
-            geometry,
-            num_blocks,
-            max_model_len,
-            max_in_flight_tokens,
-            pd_policy if pd_role else None,
-        )
+        self.events = KVEventSource(self.pool, self.rules)
+        self.events.set_sink(on_event)
+        if sizing is None:
+            sizing = CacheSizing.build(
+                geometry,
+                num_blocks,
+                max_model_len,
+                max_in_flight_tokens,
+                self.pd_policy if pd_role else None,
+            )
+        elif sizing.geometry != geometry or sizing.num_blocks != num_blocks:
+            raise ValueError("the cache sizing was built for another geometry or pool")
+        self.sizing = sizing
         self.stats = CacheStats(geometry.num_groups)
         self.requests: dict[str, CacheRequest] = {}
-        self.loads = DecodeLoads(self)
+        self.loads = DecodeLoads(
+            self.pool,
+            self.rules,
+            self.stats,
+            self.retention,
+            geometry.hash_unit,
+            self.events.publishing,
+        )
 
-    # -- KV events (docs/kv-events.md) ------------------------------------------------
     def set_event_sink(self, sink: EventSink | None) -> None:
-        """Send the pool's events to `sink`; stored ones carry parent key and token ids."""
-        self._event_sink = sink
-        self.pool.on_event = None if sink is None else self._emit
+        """Send the pool's KV events to `sink` (docs/kv-events.md)."""
+        self.events.set_sink(sink)
 
-    def publishing(self, req: CacheRequest, lowest_index: int) -> _EventSource:
-        """Name the request whose blocks (from `lowest_index` on) the pool is about to store."""
-        return _EventSource(self, req, lowest_index)
-
-    def _emit(self, event: KVEvent) -> None:
-        source = self._event_source
-        if event.kind == "stored" and source is not None:
-            req, lo = source
-            table = req.tables[event.group]
-            wanted = set(event.block_ids)
-            where = {b: k for k, b in enumerate(table[lo:], lo) if b in wanted}
-            ks = [where[b] for b in event.block_ids if b in where]
-            if len(ks) == len(event.block_ids):
-                size = self.rules[event.group].block_size
-                tokens = req.tokens
-                token_ids = tuple(t for k in ks for t in tokens[k * size : (k + 1) * size])
-                keys = req.keys(event.group)
-                parent = keys[ks[0] - 1] if ks[0] > 0 else None
-                event = KVEvent(
-                    "stored", event.group, event.keys, event.block_ids, parent, token_ids
-                )
-        assert self._event_sink is not None
-        self._event_sink(event)
-
-    # -- requests ------------------------------------------------------------------
+    # -- the lifecycle --------------------------------------------------------------------
     def add_request(
         self,
         request_id: str,
         prompt: Sequence[int] | np.ndarray,
         salt: str | bytes | None = None,
         role: CacheRole = CacheRole.COLOCATED,
+        *,
+        recompute: bool = False,
     ) -> CacheRequest:
+        """Open a request. `recompute`: its prompt was already counted in the stats (a failed
+        load computed here after all), so its admission counts as a re-admission."""
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} is already known to the cache")
         if len(prompt) == 0:
             raise ValueError("a request needs at least one prompt token")
         req = CacheRequest(request_id, prompt, self.rules, self.geometry.hash_unit, salt, role)
+        req.num_admissions = int(recompute)
         self.requests[request_id] = req
         return req
 
+    def admit(
+        self,
+        req: CacheRequest,
+        budget: int,
+        *,
+        lookahead: int = 0,
+        must_fit: int | None = None,
+    ) -> Admission | None:
+        """Look `req` up (§5) and give it blocks for its hit plus up to `budget` tokens
+        (+ `lookahead` slots when that reaches its last token). With `must_fit`, admit only if
+        that many tokens could fit under the per-request caps (§8). None changes nothing:
+        the pool cannot hold it now. Records the hit in the stats (a re-admission after a
+        preemption counts as such)."""
+        hit = self.lookup(req)
+        n = min(req.num_tokens - hit.tokens, budget)
+        extra = lookahead if hit.tokens + n == req.num_tokens else 0
+        if not self.allocate(req, hit.tokens + n, hit=hit, lookahead=extra, must_fit=must_fit):
+            return None
+        readmitted = req.num_admissions > 0
+        req.num_admissions += 1
+        self.stats.record_local(req.num_tokens, hit.tokens, preempted=readmitted)
+        if not readmitted:
+            # Per group, the prompt KV the hit reused (the relaykv:group_prefix_* counters,
+            # §9): only real blocks count, not the nulls below a window.
+            for rule in self.rules:
+                b = rule.block_size
+                reused = sum(1 for block in hit.blocks[rule.index] if block) * b
+                self.stats.record_group_reuse(rule.index, reused, 0, rule.spec.page_bytes, b)
+        return Admission(hit, n)
+
+    def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
+        """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False
+        (nothing changed) when the pool is short: the caller preempts and retries."""
+        return self.allocate(req, num_tokens, lookahead=lookahead)
+
+    def commit(self, req: CacheRequest, processed: int, new_tokens: Iterable[int] = ()) -> None:
+        """After a step: append the sampled tokens, hash the blocks whose KV is now written
+        for positions `[0, processed)` and free what no later position reads (§6)."""
+        if new_tokens:
+            req.append_tokens(new_tokens)
+        self.cache(req, processed)
+        self.free_skipped(req, processed)
+
+    def receive(self, req: CacheRequest) -> KVLoad | None:
+        """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
+        changes nothing: the pool cannot hold it now. The transport fills `load.receive`
+        (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
+        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        hit = self.lookup(req) if plan.common_resume else None
+        load = self.loads.begin(req, plan, hit)
+        if load is not None:
+            req.num_admissions += 1
+            if load.delivered:
+                self._delivered(load)
+        return load
+
+    def load_finished(self, load: KVLoad, ok: bool) -> list[KVLoad]:
+        """The transport ended `load`'s own transfer. Returns the loads delivered now (each
+        with its request's `load` cleared); a load whose request was released meanwhile
+        releases its blocks here."""
+        delivered = self.loads.finish(load, ok)
+        if load.abandoned:
+            self._release(load.request)
+        for settled in delivered:
+            self._delivered(settled)
+        return delivered
+
+    def _delivered(self, load: KVLoad) -> None:
+        if load.ok:
+            # The full-prompt rule: D recomputes N-1, so it has processed N-1 tokens (§7).
+            self.free_skipped(load.request, load.request.num_prompt_tokens - 1)
+
+    def release(self, req: CacheRequest) -> None:
+        """Release all of a request's blocks, tail first (§3), and forget it. Deferred while
+        its own transfer is in flight (`load_finished` completes it)."""
+        if self.loads.defer_release(req):
+            return
+        self._release(req)
+
+    def preempt(self, req: CacheRequest) -> None:
+        """Release a running request's blocks for recompute; it stays registered, with its
+        tokens and hashes, so re-admission starts with a lookup of its own prefix."""
+        if req.load is not None:
+            raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
+        self._release(req, forget=False)
+
+    # -- building blocks ------------------------------------------------------------------
     def append_tokens(self, req: CacheRequest, token_ids: Iterable[int]) -> None:
         req.append_tokens(token_ids)
 
@@ -211,16 +315,13 @@ class KVCacheManager:
             if end <= start:
                 continue
             mask = None
-            if isinstance(rule, SlidingWindowGroup):
+            horizon = rule.hash_horizon(upto)
+            if horizon is not None:
                 # Blocks are hashed once, when they fill (`num_cached_blocks` moves past them),
-                # so the mask must already name the windows of points a little beyond `upto`:
-                # under chunked prefill the window of a replay boundary r > upto starts below
-                # upto (§6). Any window reaching below `end` belongs to r < upto + W + b(1+peek).
-                horizon = upto + rule.window + rule.block_size * (1 + rule.peek)
-                mask = sliding_mask(
-                    rule, self.retention, self.boundaries(req), req.junction, horizon
-                )
-            with self.publishing(req, start):
+                # so the mask must already name the windows of points a little beyond `upto`
+                # (chunked prefill, §6): every point up to the rule's hash horizon.
+                mask = hash_mask(rule, self.retention, self.boundaries(req), req.junction, horizon)
+            with self.events.publishing(req, start):
                 self.pool.cache_blocks(
                     g,
                     ((table[k], keys[k]) for k in range(start, end) if mask is None or k in mask),
@@ -231,12 +332,12 @@ class KVCacheManager:
         return replay_boundaries(self.geometry, req.num_prompt_tokens, self.rules)
 
     def free_skipped(self, req: CacheRequest, processed: int) -> None:
-        """Free sliding blocks no future computation of `req` reads (§6, processed basis)."""
+        """Free blocks no future computation of `req` reads (§6, processed basis)."""
         floor = None
         if req.role is CacheRole.PREFILL:
             plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
         for rule in self.rules:
-            if not isinstance(rule, SlidingWindowGroup):
+            if rule.prefix_closed:
                 continue
             if req.role is CacheRole.PREFILL:
                 floor = plan.held[rule.index].start * rule.block_size
@@ -252,19 +353,6 @@ class KVCacheManager:
                 table[i] = NULL_BLOCK
             if dead:
                 self.pool.free(dead)  # deepest first: evicted before its parents (§3)
-
-    def free(self, req: CacheRequest) -> None:
-        """Release all of a request's blocks, tail first (§3). Deferred while its load flies."""
-        if req.load is not None and self.loads.defer_free(req):
-            return
-        self._release(req)
-
-    def preempt(self, req: CacheRequest) -> None:
-        """Release a running request's blocks for recompute; it stays registered, with its
-        tokens and hashes, so re-admission starts with a lookup of its own prefix."""
-        if req.load is not None:
-            raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
-        self._release(req, forget=False)
 
     def _release(self, req: CacheRequest, forget: bool = True) -> None:
         blocks: list[int] = []
@@ -306,31 +394,4 @@ class KVCacheManager:
         return held
 
 
-def prefill_hit_cap(
-    geometry: Geometry, rules: tuple[GroupRules, ...], pd_policy: str, req: CacheRequest
-) -> int:
-    """The largest local hit a prefill engine may take (also what a router scores it by)."""
-    # A prefill engine must end up holding every block its P/D plan names; blocks below
-    # a local hit's window are nulls, so the hit may not start above the plan's floor.
-    plan = pd_plan(geometry, pd_policy, req.num_prompt_tokens)
-    cap = req.num_tokens
-    for rule in rules:
-        if isinstance(rule, SlidingWindowGroup):
-            first = plan.held[rule.index].start
-            cap = min(cap, (first + 1) * rule.block_size + rule.window - 2)
-    return cap
-
-
-class _EventSource:
-    """Context in which the pool's stored events belong to one request (see `_emit`)."""
-
-    __slots__ = ("lowest", "manager", "req")
-
-    def __init__(self, manager: KVCacheManager, req: CacheRequest, lowest: int) -> None:
-        self.manager, self.req, self.lowest = manager, req, lowest
-
-    def __enter__(self) -> None:
-        self.manager._event_source = (self.req, self.lowest)
-
-    def __exit__(self, *exc: object) -> None:
-        self.manager._event_source = None
+__all__ = ["Admission", "KVCacheManager", "prefill_hit_cap"]

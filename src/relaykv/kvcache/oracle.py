@@ -1,4 +1,4 @@
-"""A brute-force oracle for the local lookup (KVCACHE.md §5).
+"""A brute-force oracle for the local lookup (docs/design.md §5).
 
 It tries every aligned resume point from `floor((N-1)/A)*A` down to 0 and returns the first
 at which every group holds every block of `needed(r)`. It shares nothing with the fast lookup

@@ -1,7 +1,7 @@
 """The P/D plan: which blocks a decode engine holds after receiving an N-token prompt (§7).
 
 ONE function, `pd_plan(geometry, policy, N)`, answers it. Everything else derives from its
-result, never from a formula of its own (KVCACHE.md §7: two separate computations disagree at
+result, never from a formula of its own (docs/design.md §7: two separate computations disagree at
 some `N mod b`):
 
 * P's retention: P keeps exactly `held[g]` of each group until D has read it;
@@ -26,7 +26,7 @@ Full groups always hold `[0, cdiv(N, b))`.
 `legacy` reproduces vLLM 0.33.0's decode side (the hit collapse of §7), with one deliberate
 difference: 0.33.0 materializes positions `>= N-W+1`, which drops the block holding token N-W
 when `N-W+1` is a multiple of b although recomputing N-1 reads it (a wrong-output bug, see the
-vLLM reference §11). relaykv's legacy keeps that block, so every policy produces correct tokens
+docs/design.md §7). relaykv's legacy keeps that block, so every policy produces correct tokens
 and the comparison measures cache behaviour only.
 """
 
@@ -34,19 +34,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 from relaykv.kvcache.geometry import Geometry, cdiv
-from relaykv.kvcache.groups import GroupRules, SlidingWindowGroup, rules_for
-from relaykv.kvcache.retention import Retention, replay_boundaries, sliding_mask
-
-PD_POLICIES: tuple[str, ...] = ("legacy", "replay-slack", "exact", "per-group")
+from relaykv.kvcache.groups import GroupRules, rules_for
+from relaykv.kvcache.pd_config import PDPolicy
+from relaykv.kvcache.retention import Retention, hash_mask, replay_boundaries
 
 
 @dataclass(frozen=True, slots=True)
 class PDPlan:
     """What D holds per group after receiving an N-token prompt, and how it reuses it."""
 
-    policy: str
+    policy: PDPolicy
     num_tokens: int
     held: tuple[range, ...]
     boundaries: tuple[int, ...]
@@ -54,13 +54,12 @@ class PDPlan:
     @property
     def common_resume(self) -> bool:
         """D resumes all groups at one point found by the hybrid lookup (§5)."""
-        return self.policy != "per-group"
+        return self.policy.common_resume
 
     @property
     def coalesces_loads(self) -> bool:
-        """Concurrent loads of the same blocks share one transfer (relaykv's policies only:
-        `legacy` and `replay-slack` reproduce systems that pull separately)."""
-        return self.policy in ("exact", "per-group")
+        """Concurrent loads of the same blocks share one transfer (see `PDPolicy`)."""
+        return self.policy.coalesces_loads
 
     def held_blocks(self) -> int:
         return sum(len(r) for r in self.held)
@@ -74,22 +73,20 @@ class PDPlan:
         policy names, exactly as a colocated engine would; under `per-group` D's later
         lookups are per block, so every received full block is worth a hash.
         """
-        if not isinstance(rule, SlidingWindowGroup) or not self.common_resume:
+        if not self.common_resume:
             return None
-        return sliding_mask(rule, retention, self.boundaries, junction, self.num_tokens)
+        return hash_mask(rule, retention, self.boundaries, junction, self.num_tokens)
 
 
-def pd_plan(geometry: Geometry, policy: str, num_tokens: int) -> PDPlan:
+def pd_plan(geometry: Geometry, policy: PDPolicy, num_tokens: int) -> PDPlan:
     """The plan for a decode engine receiving a `num_tokens`-token prompt under `policy`."""
-    if policy not in PD_POLICIES:
-        raise ValueError(f"unknown P/D policy {policy!r}; choose from {', '.join(PD_POLICIES)}")
     if num_tokens < 1:
         raise ValueError("a P/D transfer needs a prompt of at least one token")
-    return _plan(geometry, policy, num_tokens)
+    return _plan(geometry, PDPolicy.parse(policy), num_tokens)
 
 
 @lru_cache(maxsize=4096)
-def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
+def _plan(geometry: Geometry, policy: PDPolicy, n: int) -> PDPlan:
     rules = rules_for(geometry)
     boundaries = replay_boundaries(geometry, n, rules)
     held = tuple(
@@ -100,40 +97,58 @@ def _plan(geometry: Geometry, policy: str, n: int) -> PDPlan:
 
 
 def _first_held_block(
-    rule: GroupRules, geometry: Geometry, policy: str, n: int, boundaries: tuple[int, ...]
+    rule: GroupRules, geometry: Geometry, policy: PDPolicy, n: int, boundaries: tuple[int, ...]
 ) -> int:
-    if not isinstance(rule, SlidingWindowGroup):
-        return 0
-    final_window = rule.window_start_block(n - 1)  # D recomputes N-1: positions >= N-W
-    if policy == "replay-slack" and rule.draft:
+    final_window = rule.first_read_block(n - 1)  # D recomputes N-1 (full-prompt rule)
+    if policy is PDPolicy.REPLAY_SLACK and rule.draft:
         # The published fix: one alignment unit below the window counted from N (§7).
-        return min(
-            final_window, max(0, n - rule.window + 1 - geometry.alignment) // rule.block_size
-        )
-    if policy == "exact":
+        return min(final_window, rule.first_kept_block(n - geometry.alignment))
+    if policy is PDPolicy.EXACT:
         lowest = [rule.needed(r).start for r in boundaries]
         return min([final_window, *lowest])
     return final_window
 
 
 @lru_cache(maxsize=256)
-def pd_slack_tokens(geometry: Geometry, policy: str) -> tuple[int, ...]:
+def pd_slack_tokens(geometry: Geometry, policy: PDPolicy) -> tuple[int, ...]:
     """Per group, the most tokens a plan retains below the standard window, over all N (§8).
 
-    A request that processed n tokens frees sliding blocks wholly below `n - W + 1 - slack`;
-    after a load D has processed N-1 tokens, so the slack that keeps `held[g]` is the
-    smallest s with `floor((N-W-s)/b) <= held[g].start`. The plan repeats with period A once
-    N exceeds the window by a few alignment units, so a finite scan finds the maximum.
+    A request that processed p tokens keeps blocks from `first_kept_block(p - slack)`; after a
+    load D has processed N-1 tokens, so the slack that keeps `held[g]` is
+    `slack_tokens(N-1, held[g].start)`. The plan repeats with period A once N exceeds the
+    longest reach by a few alignment units, so a finite scan finds the maximum.
     """
+    policy = PDPolicy(policy)
     rules = rules_for(geometry)
     a = geometry.alignment
-    top = max((r.window for r in rules if isinstance(r, SlidingWindowGroup)), default=0) + 4 * a
+    top = max((r.reach or 0 for r in rules), default=0) + 4 * a
     slack = [0] * len(rules)
     for n in range(1, top + a + 1):
         plan = _plan(geometry, policy, n)
         for rule in rules:
-            if isinstance(rule, SlidingWindowGroup):
-                b = rule.block_size
-                need = n - rule.window - plan.held[rule.index].start * b - b + 1
-                slack[rule.index] = max(slack[rule.index], need)
+            need = rule.slack_tokens(n - 1, plan.held[rule.index].start)
+            slack[rule.index] = max(slack[rule.index], need)
     return tuple(slack)
+
+
+class _Prompted(Protocol):
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+def prefill_hit_cap(
+    geometry: Geometry, rules: tuple[GroupRules, ...], policy: PDPolicy, req: _Prompted
+) -> int:
+    """The largest local hit a prefill engine may take (also what a router scores it by):
+    it must end up holding every block its plan names, and blocks below a hit's needed
+    range are nulls, so no group's hit may start above the plan's first held block."""
+    plan = pd_plan(geometry, policy, req.num_prompt_tokens)
+    cap = req.num_tokens
+    for rule in rules:
+        rule_cap = rule.hit_cap_for_floor(plan.held[rule.index].start)
+        if rule_cap is not None:
+            cap = min(cap, rule_cap)
+    return cap

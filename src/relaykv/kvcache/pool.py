@@ -1,4 +1,4 @@
-"""The shared block pool: reference counts, the free queue, and the hash maps (KVCACHE.md §3).
+"""The shared block pool: reference counts, the free queue, and the hash maps (docs/design.md §3).
 
 One pool serves every group; a block id is a page in whichever group owns it. Block 0 is the
 null block: a placeholder in block tables, never allocated, freed, counted, touched or cached.
@@ -278,8 +278,8 @@ class BlockPool:
                 elif self.block_key[block] != key or self.block_group[block] != group:
                     problems.append(f"group {group} maps a key to block {block} not carrying it")
         for block in range(1, self.num_blocks):
-            key = self.block_key[block]
-            if key is not None and self.maps[self.block_group[block]].get(key) != block:
+            carried = self.block_key[block]
+            if carried is not None and self.maps[self.block_group[block]].get(carried) != block:
                 problems.append(f"block {block} carries a hash its group's map does not know")
         held = sum(1 for b in range(1, self.num_blocks) if self.ref_cnt[b] > 0)
         if held + self.num_free != self.num_usable:

@@ -1,4 +1,4 @@
-"""`cache-probe`: what will my hit be? The cache alone, no model (KVCACHE.md §5-§7).
+"""`cache-probe`: what will my hit be? The cache alone, no model (docs/design.md §5-§7).
 
 A prefill engine P prefills a prompt of N tokens and a decode engine D receives it under a P/D
 policy; then three follow-ups arrive, each prefilled on P and decoded on D: `resend` (the same
@@ -13,9 +13,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from relaykv.kvcache.geometry import Geometry, cdiv
+from relaykv.kvcache.geometry import Geometry
+from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.invariants import assert_consistent
 from relaykv.kvcache.manager import KVCacheManager
+from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.request import CacheRequest, CacheRole
 
 FOLLOW_UPS = ("resend", "extension", "sibling")
@@ -43,46 +45,44 @@ class ProbePrompts:
 
 
 class _Engine:
-    """Drives one manager the way the engine's scheduler does, minus the model."""
+    """Walks requests through one manager's lifecycle the way the engine's scheduler does,
+    minus the model (docs/design.md §10)."""
 
     def __init__(self, manager: KVCacheManager, name: str) -> None:
         self.manager = manager
         self.name = name
         self._ids = 0
 
-    def _new(self, prompt: list[int], role: CacheRole) -> CacheRequest:
+    def open(self, prompt: list[int], role: CacheRole) -> CacheRequest:
         self._ids += 1
         return self.manager.add_request(f"{self.name}-{self._ids}", prompt, role=role)
 
-    def compute(self, req: CacheRequest, start: int, end: int) -> None:
-        """Compute positions [start, end): allocate, then hash and slide after the step."""
+    def compute(self, req: CacheRequest, end: int) -> None:
+        """Compute positions up to `end`: reserve, then commit after the step."""
         m = self.manager
-        if not m.allocate(req, end):
+        if not m.reserve(req, end):
             raise RuntimeError(f"{self.name}: pool too small for the probe")
-        m.cache(req, end)
-        m.free_skipped(req, end)
+        m.commit(req, end)
         assert_consistent(m)
 
     def prefill(self, prompt: list[int], role: CacheRole) -> tuple[CacheRequest, int]:
         m = self.manager
-        req = self._new(prompt, role)
-        hit = m.lookup(req)
-        m.stats.record_local(len(prompt), hit.tokens)
-        if not m.allocate(req, len(prompt), hit=hit):
+        req = self.open(prompt, role)
+        admission = m.admit(req, len(prompt))
+        if admission is None:
             raise RuntimeError(f"{self.name}: pool too small for the probe")
-        m.cache(req, hit.tokens)
-        self.compute(req, hit.tokens, len(prompt))
-        return req, hit.tokens
+        self.compute(req, len(prompt))
+        return req, admission.start
 
     def decode_one(self, req: CacheRequest) -> None:
         """Sample one token (max_tokens=1): no further KV is computed; finish."""
-        self.manager.append_tokens(req, [0])
-        self.manager.free(req)
+        self.manager.commit(req, req.num_tokens, [0])
+        self.manager.release(req)
         assert_consistent(self.manager)
 
 
 def _engine_pair(
-    geometry: Geometry, policy: str, retention: str, blocks: int
+    geometry: Geometry, policy: PDPolicy, retention: str, blocks: int
 ) -> tuple[_Engine, _Engine]:
     def manager() -> KVCacheManager:
         return KVCacheManager(geometry, blocks, retention=retention, pd_policy=policy, pd_role=True)
@@ -92,7 +92,7 @@ def _engine_pair(
 
 def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
     longest = len(prompts.extension) + geometry.alignment
-    per_request = sum(cdiv(longest, g.block_size) for g in geometry.groups)
+    per_request = sum(rule.blocks_for(longest) for rule in rules_for(geometry))
     return 8 * per_request + 16  # never evicts: the probe measures reuse, not capacity
 
 
@@ -110,7 +110,7 @@ def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -
 
 
 def probe_decode(
-    geometry: Geometry, policy: str, retention: str, prompts: ProbePrompts
+    geometry: Geometry, policy: PDPolicy, retention: str, prompts: ProbePrompts
 ) -> dict[str, dict[str, int | list[int]]]:
     p, d = _engine_pair(geometry, policy, retention, _pool_blocks(geometry, prompts))
     out: dict[str, dict[str, int | list[int]]] = {}
@@ -118,19 +118,17 @@ def probe_decode(
         prompt = prompts.first if name == "first_load" else getattr(prompts, name)
         p_req, _ = p.prefill(prompt, CacheRole.PREFILL)
         p_held = p.manager.hold_for_transfer(p_req)
-        d_req = d._new(prompt, CacheRole.DECODE)
-        load = d.manager.loads.begin(d_req)
+        d_req = d.open(prompt, CacheRole.DECODE)
+        load = d.manager.receive(d_req)
         if load is None:
             raise RuntimeError("D: pool too small for the probe")
         load.transfer_pairs(p_held)  # both sides derive the same lists from one plan
         out[name] = {"local_tokens": load.local_tokens, "received_blocks": load.received_blocks()}
-        if load.needs_transfer:
-            d.manager.loads.finish(load, ok=True)
-        else:
-            d.manager.loads.settle_ready(load)
-        p.manager.free(p_req)  # D has read the blocks: P releases its lease
+        if not load.delivered:
+            assert load in d.manager.load_finished(load, ok=True)
+        p.manager.release(p_req)  # D has read the blocks: P releases its lease
         # D recomputes the last prompt token (full-prompt rule), then samples one token.
-        d.compute(d_req, len(prompt) - 1, len(prompt))
+        d.compute(d_req, len(prompt))
         d.decode_one(d_req)
         assert_consistent(p.manager)
     return out
@@ -138,7 +136,7 @@ def probe_decode(
 
 def run_probe(
     geometry: Geometry,
-    policy: str,
+    policy: PDPolicy | str,
     prompt_len: int,
     *,
     retention: str = "boundaries",
@@ -152,5 +150,5 @@ def run_probe(
         "alignment": geometry.alignment,
         "pd_policy": policy,
         "colocated": probe_colocated(geometry, retention, prompts),
-        "decode": probe_decode(geometry, policy, retention, prompts),
+        "decode": probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
     }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
-from relaykv.kvcache.pd_plan import PD_POLICIES
+from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
 from relaykv.kvcache.probe import FOLLOW_UPS, run_probe
 from relaykv.kvcache.retention import RETENTION_HELP, parse_retention
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     parser = parser or argparse.ArgumentParser(prog="relaykv cache-probe")
     geometry = build_geometry(parser, args)
     validate(parser, args, geometry)
-    policies = PD_POLICIES if args.pd_policy == "all" else (args.pd_policy,)
+    policies = list(PDPolicy) if args.pd_policy == "all" else [PDPolicy(args.pd_policy)]
     results = [
         run_probe(
             geometry,
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     return 0
 
 
-def format_table(geometry: Geometry, args: argparse.Namespace, results: list[dict]) -> str:
+def format_table(
+    geometry: Geometry, args: argparse.Namespace, results: list[dict[str, Any]]
+) -> str:
     colocated = results[0]["colocated"]
     lines = [
         f"geometry: {geometry.describe()}",

@@ -1,27 +1,28 @@
-"""Per-request cache state: tokens, unit hashes, per-group keys and block tables.
+"""Per-request cache state: tokens, unit hashes, per-group keys, block tables, and the P/D
+load a decode-side request waits on (docs/design.md §10).
 
-The scheduler owns the request; the cache manager owns this record (one per live request) and
-is the only writer of its block tables.
+The scheduler owns the request; the cache manager owns these records (one `CacheRequest` per
+live request, at most one `KVLoad` each) and is the only writer of their block tables. The
+load lives here, next to the request it fills, so that there is exactly one pointer to it:
+`CacheRequest.load`.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import TokenHashes, successor_key
+from relaykv.kvcache.pd_config import Role
+from relaykv.kvcache.pd_plan import PDPlan
 
-
-class CacheRole(Enum):
-    """How the request uses the cache: a normal request, or one side of a P/D transfer."""
-
-    COLOCATED = "colocated"
-    PREFILL = "prefill"  # computed here, KV sent to a decode engine afterwards
-    DECODE = "decode"  # KV received from a prefill engine, decoded here
+# How a request uses the cache: a normal request, or one side of a P/D transfer.
+CacheRole = Role
 
 
 class CacheRequest:
@@ -33,6 +34,7 @@ class CacheRequest:
         "hashes",
         "junction",
         "load",
+        "num_admissions",
         "num_cached_blocks",
         "num_prompt_tokens",
         "request_id",
@@ -63,7 +65,8 @@ class CacheRequest:
         # hashed at most once, when full and written).
         self.num_cached_blocks: list[int] = [0] * len(rules)
         self.junction = 0  # shared-prefix boundary found by this request's lookup (§6)
-        self.load: object | None = None  # the in-flight P/D load this request waits on
+        self.load: KVLoad | None = None  # the P/D load this request waits on (decode side)
+        self.num_admissions = 0  # > 0 after a preemption: the next admission is a re-admission
 
     @property
     def num_tokens(self) -> int:
@@ -100,3 +103,72 @@ class CacheRequest:
             f"CacheRequest({self.request_id!r}, tokens={self.num_tokens}, role={self.role.value}, "
             f"blocks={[len(t) for t in self.tables]})"
         )
+
+
+class LoadState(Enum):
+    """The state of a load's OWN transfer (shared transfers it waits on have their own)."""
+
+    PENDING = "pending"  # the transport may still be writing into the blocks
+    DONE = "done"  # received and verified (or nothing to receive)
+    FAILED = "failed"  # nothing usable arrived; the blocks are scratch
+
+
+@dataclass(eq=False, slots=True)
+class KVLoad:
+    """One request's load of its prompt's KV from a prefill engine (§7).
+
+    `receive[g]` lists the `(block index, D block id)` pairs the transport must fill; `local`
+    the blocks reused from D's cache; `attached` the blocks another in-flight load brings
+    (`waits_on` those loads). The load is `settled` when its own transfer and every one it
+    waits on ended, `ok` when all succeeded, and `delivered` once the cache handed it to its
+    request (block tables usable, `request.load` cleared).
+    """
+
+    load_id: int
+    request: CacheRequest
+    plan: PDPlan
+    local: list[dict[int, int]]  # per group: block index -> reused local block
+    attached: list[dict[int, int]]  # per group: block index -> block another load brings
+    receive: list[list[tuple[int, int]]]  # per group: (block index, D block id) to fill
+    local_tokens: int
+    junction: int = 0
+    state: LoadState = LoadState.PENDING
+    waits_on: set[KVLoad] = field(default_factory=set)
+    waiters: list[KVLoad] = field(default_factory=list)
+    abandoned: bool = False  # its request was released while the transfer flew
+    delivered: bool = False
+
+    @property
+    def needs_transfer(self) -> bool:
+        return any(self.receive)
+
+    @property
+    def pending(self) -> bool:
+        return self.state is LoadState.PENDING
+
+    @property
+    def settled(self) -> bool:
+        return not self.pending and not any(w.pending for w in self.waits_on)
+
+    @property
+    def ok(self) -> bool:
+        done = LoadState.DONE
+        return self.state is done and all(w.state is done for w in self.waits_on)
+
+    def received_blocks(self) -> list[int]:
+        """Blocks received per group, from P or through a shared transfer (cache-probe)."""
+        return [len(r) + len(a) for r, a in zip(self.receive, self.attached, strict=True)]
+
+    def transfer_pairs(
+        self, prefill_held: list[list[tuple[int, int]]]
+    ) -> list[list[tuple[int, int]]]:
+        """Per group, `(P block id, D block id)` pairs: P's held list and D's receive list
+        come from the same plan, so they pair by block index."""
+        pairs = []
+        for group, wanted in enumerate(self.receive):
+            p_ids = dict(prefill_held[group])
+            missing = [k for k, _ in wanted if k not in p_ids]
+            if missing:
+                raise ValueError(f"prefill engine does not hold group {group} blocks {missing[:4]}")
+            pairs.append([(p_ids[k], d_block) for k, d_block in wanted])
+        return pairs

@@ -1,4 +1,4 @@
-"""Replay boundaries and the sliding-window retention policies (KVCACHE.md §6).
+"""Replay boundaries and the sliding-window retention policies (docs/design.md §6).
 
 Full groups hash every full block. A sliding group hashes only the windows a later lookup
 can land on; which ones is the retention policy:
@@ -57,19 +57,12 @@ def parse_retention(text: str, alignment: int) -> Retention:
     raise ValueError(f"bad retention {text!r}: expected {RETENTION_HELP}")
 
 
-def _keyable_blocks(rule: GroupRules, n: int) -> int:
-    """Blocks of an n-token prompt that carry a key in this group (§2, §4 successor)."""
-    if rule.successor_keys:
-        return max(0, n - 1) // rule.block_size
-    return n // rule.block_size
-
-
 def landing_point(geometry: Geometry, rules: tuple[GroupRules, ...], n: int, cap: int) -> int:
     """Largest aligned r <= cap whose needs an n-token cached prompt can meet in every group."""
     limit = cap
     for rule in rules:
-        # needed(r).stop = r/b + peek must not exceed the keyable blocks of the prompt.
-        limit = min(limit, (_keyable_blocks(rule, n) - rule.peek) * rule.block_size)
+        # needed(r) must lie within the keyable blocks of the prompt.
+        limit = min(limit, rule.last_point_within(rule.keyable_blocks(n)))
     a = geometry.alignment
     return max(0, limit) // a * a
 
@@ -99,13 +92,10 @@ def reachable_points(
     return sorted(p for p in points if 0 < p <= upto)
 
 
-def sliding_mask(
+def hash_mask(
     rule: GroupRules, retention: Retention, boundaries: tuple[int, ...], junction: int, upto: int
 ) -> set[int] | None:
-    """Block indices of a sliding group that get a hash; None means every full block."""
-    if retention.kind == "dense":
+    """Block indices of a group that get a hash; None means every full block."""
+    if retention.kind == "dense" or rule.prefix_closed:
         return None
-    mask: set[int] = set()
-    for r in reachable_points(retention, boundaries, junction, upto):
-        mask.update(rule.needed(r))
-    return mask
+    return rule.retained_blocks(reachable_points(retention, boundaries, junction, upto))

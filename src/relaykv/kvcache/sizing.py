@@ -1,8 +1,8 @@
-"""Sizing and admission: one per-request block cap for startup and run time (KVCACHE.md §8).
+"""Sizing and admission: one per-request block cap for startup and run time (docs/design.md §8).
 
-The most blocks a running request can hold in a sliding group is
-`cdiv(min(W - 1 + slack + in_flight_tokens, max_model_len), b) + 1`; a full group holds
-`cdiv(max_model_len, b)`. Pool sizing, the maximum-concurrency report and the runtime
+The most blocks a running request can hold in a group is `GroupRules.worst_case_blocks`
+(sliding: `cdiv(min(W - 1 + slack + in_flight_tokens, max_model_len), b) + 1`; full:
+`cdiv(max_model_len, b)`). Pool sizing, the maximum-concurrency report and the runtime
 admission check all read `CacheSizing.caps`, so what startup admitted is admissible later.
 `slack` comes from the P/D plan (`pd_slack_tokens`) for engines in a P/D role.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
+from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.pd_plan import pd_slack_tokens
 from relaykv.kvcache.retention import landing_point
 
@@ -21,15 +22,10 @@ def group_caps(
     geometry: Geometry, max_model_len: int, max_in_flight_tokens: int, slack: tuple[int, ...]
 ) -> tuple[int, ...]:
     """Per group, the most blocks one running request can hold (§8)."""
-    caps = []
-    for i, g in enumerate(geometry.groups):
-        if g.kind == "full":
-            caps.append(cdiv(max_model_len, g.block_size))
-        else:
-            assert g.window is not None
-            span = min(g.window - 1 + slack[i] + max_in_flight_tokens, max_model_len)
-            caps.append(min(cdiv(span, g.block_size) + 1, cdiv(max_model_len, g.block_size)))
-    return tuple(caps)
+    return tuple(
+        rule.worst_case_blocks(max_model_len, max_in_flight_tokens, slack[rule.index])
+        for rule in rules_for(geometry)
+    )
 
 
 def min_reusable_prefix(geometry: Geometry, limit: int = 1 << 20) -> int:
@@ -61,7 +57,7 @@ class CacheSizing:
         num_blocks: int,
         max_model_len: int,
         max_in_flight_tokens: int,
-        pd_policy: str | None = None,
+        pd_policy: PDPolicy | None = None,
     ) -> CacheSizing:
         """`pd_policy` is set on P/D engines: their plan's retention counts in the caps."""
         slack = pd_slack_tokens(geometry, pd_policy) if pd_policy else (0,) * geometry.num_groups

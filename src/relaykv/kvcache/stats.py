@@ -1,4 +1,4 @@
-"""Cache statistics with the metric semantics of KVCACHE.md §9 (vLLM's names).
+"""Cache statistics with the metric semantics of docs/design.md §9 (vLLM's names).
 
 * local: `prefix_cache_queries` (prompt tokens of new requests) and `prefix_cache_hits`
   (tokens reused from this engine's cache);

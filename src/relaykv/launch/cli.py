@@ -23,6 +23,7 @@ from pathlib import Path
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
 from relaykv.private_files import API_KEY_ENV, PrivateFileError, resolve_api_key
+from relaykv.serve.options import DEFAULT_PD_POLICY, PD_POLICIES
 from relaykv.serve.pd_wiring import (
     KV_SECRET_ENV,
     clean_stale_shared_memory,
@@ -35,8 +36,7 @@ FORWARDS_UNKNOWN_FLAGS = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-hybrid")
-    parser.add_argument("--pd-policy", default="per-group",
-                        choices=["legacy", "replay-slack", "exact", "per-group"])
+    parser.add_argument("--pd-policy", default=DEFAULT_PD_POLICY.value, choices=PD_POLICIES)
     parser.add_argument("--kv-transport", default="shm", choices=["shm", "tcp", "nixl", "mooncake"])
     parser.add_argument("--num-prefill", type=int, default=1)
     parser.add_argument("--num-decode", type=int, default=1)
@@ -141,8 +141,8 @@ def _run_cluster(
     if args.json:
         print(json.dumps(info), flush=True)
     else:
-        print(f"router  {info['router']}\nprefill {' '.join(info['prefill'])}\n"
-              f"decode  {' '.join(info['decode'])}\n(Ctrl-C stops the cluster)", flush=True)
+        print(f"router  {info['router']}\nprefill {' '.join(cluster.urls('prefill'))}\n"
+              f"decode  {' '.join(cluster.urls('decode'))}\n(Ctrl-C stops the cluster)", flush=True)
     supervisor = Supervisor(cluster, policy, say, on_death=clean_stale_shared_memory)
     while not stop.wait(0.5):
         reason = supervisor.poll()

@@ -1,6 +1,6 @@
 """relaykv.model: target models, paged KV, EAGLE draft, the model runner (docs/model.md).
 
-May import torch and `relaykv.kvcache` geometry only (ARCHITECTURE.md).
+May import torch and `relaykv.kvcache` geometry only (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""KV geometry derived from a model config (KVCACHE.md §1, HELPER_GUIDE "Geometry").
+"""KV geometry derived from a model config (docs/design.md §1).
 
 Rules:
 * layers with the same attention kind, window and head shape share one group (one block
@@ -112,7 +112,8 @@ def derive_layout(
     ordered = [k for k in distinct if k[0] == "full"] + [k for k in distinct if k[0] == "sliding"]
     per_group = _layers_per_group([keys.count(k) for k in ordered if keys.count(k)])
     # Each kind becomes ceil(count / per_group) groups; its i-th layer goes to group i % n.
-    first_group, splits = {}, {}
+    first_group: dict[tuple[str, int | None, int, int], int] = {}
+    splits: dict[tuple[str, int | None, int, int], int] = {}
     for key in ordered:
         first_group[key] = sum(splits.values())
         splits[key] = max(1, -(-keys.count(key) // per_group))
@@ -136,7 +137,7 @@ def derive_layout(
             layers = members[i]
             specs.append(
                 GroupSpec(
-                    kind,  # type: ignore[arg-type]
+                    kind,
                     block_size,
                     window=window,
                     draft=draft_slot is not None and draft_slot.group == i,

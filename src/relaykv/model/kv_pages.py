@@ -1,4 +1,4 @@
-"""KV page storage: one uint8 buffer for all groups (HELPER_GUIDE "KV page storage").
+"""KV page storage: one uint8 buffer for all groups (docs/transports.md).
 
 * `buffer` is a contiguous `torch.uint8` tensor `[num_blocks, block_bytes]` with
   `block_bytes = geometry.block_bytes` (the largest group page). Transports move its bytes.

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relaykv.kvcache.geometry import cdiv
 from relaykv.model.runner import ModelRunner
 from relaykv.steps import (
     GREEDY,
@@ -76,18 +75,6 @@ class BlockFreeList:
         """Free ids are distinct, real (never the null block 0) and in range."""
         assert len(set(self._free)) == len(self._free), "a block is free twice"
         assert all(0 < b < num_blocks for b in self._free), "free list holds an invalid id"
-
-
-def blocks_needed(
-    prompt_lens: Sequence[int],
-    max_tokens: int,
-    runner_groups: int,
-    block_size: int,
-    speculative: int,
-) -> int:
-    """Blocks for all requests at once, lookahead included, plus the null block."""
-    per = [cdiv(n + max_tokens + 2 * speculative + 1, block_size) for n in prompt_lens]
-    return 1 + runner_groups * sum(per)
 
 
 class OfflineGenerator:

@@ -94,6 +94,10 @@ class ModelRunner:
         return self.layout.geometry
 
     @property
+    def kv_buffer(self) -> torch.Tensor:
+        return self.kv.buffer
+
+    @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
@@ -107,7 +111,7 @@ class ModelRunner:
         hidden, starts = self._target_pass(seqs)
         if self.hidden_observer is not None:
             self.hidden_observer(seqs, starts, hidden)
-        rows = []
+        rows: list[int] = []
         for work, start in zip(seqs, starts, strict=True):
             if work.sample:
                 n, d = len(work.token_ids), len(work.draft_token_ids)
@@ -159,7 +163,9 @@ class ModelRunner:
 
     def _target_pass(self, seqs: list[SequenceWork]) -> tuple[torch.Tensor, list[int]]:
         """Final hidden states of all rows, and each sequence's first row."""
-        starts, ids, positions = [], [], []
+        starts: list[int] = []
+        ids: list[int] = []
+        positions: list[int] = []
         for work in seqs:
             tokens = [*work.token_ids, *work.draft_token_ids]
             starts.append(len(ids))
@@ -193,7 +199,10 @@ class ModelRunner:
         draft = self.draft
         assert draft is not None and self.layout.draft_slot is not None
         group = self.layout.draft_slot.group
-        rows, tokens, positions, runs = [], [], [], []
+        rows: list[int] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        runs: list[tuple[SequenceWork, int, int, int]] = []
         for work, start, out in zip(seqs, starts, outputs, strict=True):
             if work.sample:
                 committed = [*work.token_ids, *work.draft_token_ids[: out.num_accepted_tokens]]

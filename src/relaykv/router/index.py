@@ -27,9 +27,18 @@ from typing import Any
 
 import msgspec
 
-from relaykv.kvcache import CacheRequest, CacheRole, Geometry, GroupSpec, pd_plan, rules_for
+from relaykv.kvcache import (
+    DEFAULT_PD_POLICY,
+    CacheRequest,
+    CacheRole,
+    Geometry,
+    GroupSpec,
+    PDPolicy,
+    pd_plan,
+    rules_for,
+)
 from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
-from relaykv.kvcache.groups import FullAttentionGroup, GroupRules
+from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import find_longest_hit
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.router.holders import KeyHolders, PromptCounts
@@ -78,7 +87,13 @@ def geometry_from_json(raw: dict[str, Any]) -> Geometry:
     """The engine's geometry from `/v1/kv_cache_info` (raises ValueError when malformed)."""
     try:
         groups = tuple(
-            GroupSpec(g["kind"], int(g["block_size"]), g.get("window"), bool(g.get("draft")))
+            GroupSpec(
+                g["kind"],
+                int(g["block_size"]),
+                g.get("window"),
+                bool(g.get("draft")),
+                chunk=g.get("chunk"),
+            )
             for g in raw["groups"]
         )
         return Geometry(
@@ -94,7 +109,7 @@ class EngineIndex:
 
     geometry: Geometry
     role: str = "colocated"  # prefill | decode | colocated: how the hit is scored
-    pd_policy: str = "per-group"
+    pd_policy: PDPolicy = DEFAULT_PD_POLICY
     maps: list[dict[bytes, int]] = field(default_factory=list)
     expected: int | None = None  # next sequence number; None until the first batch
     batches: int = 0
@@ -105,6 +120,7 @@ class EngineIndex:
     slot: int | None = None  # this engine's bit in `holders`
 
     def __post_init__(self) -> None:
+        self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
@@ -208,7 +224,7 @@ class EngineIndex:
         n = req.num_prompt_tokens
         if n <= 1:
             return 0
-        full = [r for r in self.rules if isinstance(r, FullAttentionGroup)]
+        full = [r for r in self.rules if r.prefix_closed]
         if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group

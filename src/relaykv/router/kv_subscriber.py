@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -88,7 +89,7 @@ class EventSubscriber:
             monitor.close(0)
             sub.close(0)
 
-    def _on_monitor(self, event: dict) -> bool:
+    def _on_monitor(self, event: Mapping[str, Any]) -> bool:
         """Track the connection; True when it has just been (re)established."""
         if event["event"] == zmq.EVENT_DISCONNECTED and self.connected:
             self.connected = False

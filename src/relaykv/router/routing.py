@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from relaykv.kvcache import CacheRequest
+from relaykv.kvcache import DEFAULT_PD_POLICY, CacheRequest, PDPolicy
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.holders import KeyHolders, PromptCounts
 from relaykv.router.index import EngineIndex, geometry_from_json
@@ -240,6 +240,7 @@ class Routing:
         t.instance = info.get("instance")
         try:
             geometry = geometry_from_json(info.get("geometry") or {})
+            policy = PDPolicy.parse(str(info.get("pd_policy", DEFAULT_PD_POLICY)))
         except ValueError as exc:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
             t.index = None
@@ -248,7 +249,7 @@ class Routing:
         t.index = EngineIndex(
             geometry,
             role,
-            str(info.get("pd_policy", "per-group")),
+            policy,
             holders=self.holders if role == "decode" else None,
         )
         events = info.get("kv_events")

@@ -10,7 +10,7 @@ streams and disconnects pass through untouched) answers every `/v1/...` request 
 `Authorization: Bearer` does not match, and with 503 while the server drains; `/health` and
 `/health_generate` turn 503 when draining, `/metrics` and `/get_load` always answer.
 
-P/D (issue 5): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
+P/D (docs/pd.md): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
 request to the engine and back. A router or launcher builds the engine with
 `build_engine(options, connector=...)` and serves it with `create_app`.
 """

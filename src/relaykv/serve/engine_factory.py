@@ -3,14 +3,14 @@
 `build_engine(options)` loads the model (`relaykv.serve.model_loading`) and calls
 `assemble_engine`, which is model-agnostic: given the model's description, its KV geometry
 and a function that builds the executor for a pool of N blocks, it sizes the pool
-(`--num-blocks`, or `--kv-cache-memory // geometry.block_bytes`, KVCACHE.md §8), checks
+(`--num-blocks`, or `--kv-cache-memory // geometry.block_bytes`, docs/design.md §8), checks
 that one request of `max_model_len` tokens fits, builds the engine and writes the startup
 summary (geometry, pool, per-request caps, maximum concurrency, shortest reusable prompt),
 so a 0% hit rate is never a surprise.
 
-P/D hook (issue 5): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
+P/D hook (docs/pd.md): pass `connector_factory=` (engine -> `relaykv.engine.KVConnector`,
 e.g. a `relaykv.transfer.PDConnector` over `engine.manager`, the runner's KV buffer
-`engine.executor.kv.buffer` and the transport named by `options.kv_transport`) together
+`engine.executor.kv_buffer` and the transport named by `options.kv_transport`) together
 with `options.role` / `pd_policy` / `kv_load_failure` / `kv_lease_seconds`. The factory puts
 role, policy and failure policy in the engine and scheduler configs (so the sizing caps count
 the P/D plan's retention), builds the engine, then calls the factory and attaches the
@@ -27,6 +27,7 @@ from typing import Any
 from relaykv.engine import EngineConfig, Executor, KVConnector, LLMEngine, SchedulerConfig
 from relaykv.kvcache import CacheSizing, Geometry, parse_retention
 from relaykv.serve.chat_template import ChatFormatter, TextTokenizer
+from relaykv.serve.model_info import ModelInfo
 from relaykv.serve.options import DEFAULT_MAX_MODEL_LEN, EngineOptions, OptionError
 from relaykv.serve.sizes import format_bytes
 
@@ -34,22 +35,6 @@ log = logging.getLogger("relaykv.serve")
 
 # Builds the P/D connector of an engine (called once, after the engine exists).
 ConnectorFactory = Callable[[LLMEngine], KVConnector]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """A loaded model as the server sees it (the executor is built separately)."""
-
-    name: str  # default served model name
-    source: str  # preset name, directory or file
-    vocab_size: int
-    max_position_embeddings: int | None = None
-    tokenizer: TextTokenizer | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
-    chat: ChatFormatter | None = None
-    tokenizer_dir: str | None = None  # a Hugging Face tokenizer directory (tokenizer_export)
-    description: str = ""
 
 
 @dataclass(slots=True)
@@ -111,7 +96,7 @@ def assemble_engine(
 ) -> ServedEngine:
     """Size the pool, build the executor for it and the engine around it (see module doc)."""
     options.check()
-    if options.role != "colocated" and connector_factory is None:
+    if options.role.in_pd_pair and connector_factory is None:
         raise OptionError(
             "--role",
             f"role {options.role!r} needs a KV connector; this command has no P/D wiring "
@@ -124,12 +109,13 @@ def assemble_engine(
     max_model_len = resolve_max_model_len(options, model)
     num_blocks = pool_blocks(options, geometry)
     k = options.speculative_tokens
+    # The one CacheSizing of this engine: built and checked here, handed to the cache manager.
     sizing = CacheSizing.build(
         geometry,
         num_blocks,
         max_model_len,
         options.max_num_batched_tokens + k,
-        options.pd_policy if options.role != "colocated" else None,
+        options.pd_policy if options.role.in_pd_pair else None,
     )
     if not sizing.fits_at_startup():
         flag = "--num-blocks" if options.num_blocks is not None else "--kv-cache-memory"
@@ -143,8 +129,8 @@ def assemble_engine(
     executor = make_executor(num_blocks)
     if executor.num_speculative_tokens != k:
         raise RuntimeError(f"executor proposes {executor.num_speculative_tokens} tokens, not {k}")
-    if [(g.kind, g.block_size, g.window) for g in executor.geometry.groups] != [
-        (g.kind, g.block_size, g.window) for g in geometry.groups
+    if [(g.kind, g.block_size, g.parameter) for g in executor.geometry.groups] != [
+        (g.kind, g.block_size, g.parameter) for g in geometry.groups
     ]:
         raise RuntimeError("the executor's KV geometry differs from the planned one")
     config = EngineConfig(
@@ -160,6 +146,7 @@ def assemble_engine(
         role=options.role,
         pd_policy=options.pd_policy,
         model_name=options.served_model_name or model.name,
+        sizing=sizing,
     )
     engine = LLMEngine(
         executor,
@@ -168,7 +155,7 @@ def assemble_engine(
         eos_token_ids=model.eos_token_ids,
         vocab_size=model.vocab_size,
     )
-    if options.role != "colocated":
+    if options.role.in_pd_pair:
         assert connector_factory is not None
         engine.attach_connector(connector_factory(engine))
     chat = model.chat or ChatFormatter(model.tokenizer, None, model.bos_token_id)

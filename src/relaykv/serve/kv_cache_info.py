@@ -25,7 +25,13 @@ INSTANCE = uuid.uuid4().hex
 def geometry_json(geometry: Geometry) -> dict[str, Any]:
     return {
         "groups": [
-            {"kind": g.kind, "block_size": g.block_size, "window": g.window, "draft": g.draft}
+            {
+                "kind": g.kind,
+                "block_size": g.block_size,
+                "window": g.window,
+                "chunk": g.chunk,
+                "draft": g.draft,
+            }
             for g in geometry.groups
         ],
         "eagle": geometry.eagle,

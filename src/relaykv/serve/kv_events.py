@@ -71,19 +71,28 @@ class AllBlocksCleared(KVCacheEvent):
     pass
 
 
+WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
 class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list[WireEvent]
+
+
+# relaykv group kind -> vLLM's `kv_cache_spec_kind`
+VLLM_SPEC_KIND = {
+    "full": "full_attention",
+    "sliding": "sliding_window",
+    "chunked": "chunked_local_attention",
+}
 
 
 def spec_kind(geometry: Geometry, group: int) -> tuple[str, int | None]:
     """vLLM's `kv_cache_spec_kind` and sliding window of a group."""
     spec = geometry.groups[group]
-    if spec.is_sliding:
-        return "sliding_window", spec.window
-    return "full_attention", None
+    return VLLM_SPEC_KIND[spec.kind], spec.window
 
 
-def wire_event(event: KVEvent, geometry: Geometry) -> KVCacheEvent:
+def wire_event(event: KVEvent, geometry: Geometry) -> WireEvent:
     """One pool event as one vLLM event (a pool event never spans groups)."""
     if event.kind == "stored":
         kind, window = spec_kind(geometry, event.group)
@@ -112,7 +121,7 @@ class ZmqEventPublisher:
         self.geometry = geometry
         self.dp_rank = dp_rank
         self.published = 0  # batches sent (the next sequence number)
-        self._pending: deque[KVCacheEvent] = deque()
+        self._pending: deque[WireEvent] = deque()
         self._room = threading.Condition()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode()
@@ -173,8 +182,8 @@ class ZmqEventPublisher:
             else:
                 time.sleep(_POLL_S)
 
-    def _take(self) -> list[KVCacheEvent]:
-        out: list[KVCacheEvent] = []
+    def _take(self) -> list[WireEvent]:
+        out: list[WireEvent] = []
         pending = self._pending
         while pending and len(out) < 4096:
             out.append(pending.popleft())

@@ -1,12 +1,12 @@
 """`GET /metrics`: Prometheus text read from the engine at scrape time.
 
 A custom collector (no counters are kept twice): cache counters from `engine.manager.stats`
-(KVCACHE.md §9), request and latency figures from `engine.metrics`, queue sizes from the
+(docs/design.md §9), request and latency figures from `engine.metrics`, queue sizes from the
 scheduler. Every unlabelled family is one row of a table below (`COUNTERS`, `GAUGES`,
 `HISTOGRAMS`: vLLM's per-request and per-iteration histograms with vLLM's buckets); the
 labelled ones are built in `EngineCollector._labelled` (`vllm:prompt_tokens_by_source`,
 `vllm:request_success`, `relaykv:group_prefix_tokens/_bytes`, `relaykv:kv_cache_blocks`).
-Names are vLLM's (COMPAT.md) plus relaykv's own; every series has the label `model_name`;
+Names are vLLM's (docs/metrics.md) plus relaykv's own; every series has the label `model_name`;
 prometheus_client writes counters with a `_total` suffix. The engine thread updates plain
 integers and fixed bucket arrays while we read, so a scrape may be one event behind, never
 corrupt; histogram `+Inf` is computed from the bucket array itself so it equals `_count`.
@@ -166,7 +166,7 @@ class EngineCollector(Collector):
         self.model_name = model_name
 
     def _family(self, kind: type, name: str, doc: str, *labels: str) -> Metric:
-        return kind(name, doc, labels=["model_name", *labels])  # type: ignore[no-any-return]
+        return kind(name, doc, labels=["model_name", *labels])
 
     def collect(self) -> Iterator[Metric]:
         engine, name = self.engine, [self.model_name]

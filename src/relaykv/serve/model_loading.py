@@ -23,7 +23,7 @@ from tqdm import tqdm
 from relaykv.engine import Executor
 from relaykv.kvcache import Geometry
 from relaykv.serve.chat_template import ChatFormatter, find_chat_template
-from relaykv.serve.engine_factory import ModelInfo
+from relaykv.serve.model_info import ModelInfo
 from relaykv.serve.options import EngineOptions, OptionError
 from relaykv.serve.tokenizer_export import ExportError, TokenizerExport, cached_export
 

@@ -6,7 +6,7 @@ exits 2). Checks that need the model (pool too small for `--max-model-len`, a re
 interval that is not a multiple of the alignment) happen in the factory and raise the same
 error.
 
-P/D (issue 5): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
+P/D (docs/pd.md): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
 `--kv-load-failure` and the transport's own flags (`relaykv.transfer.transport.registry`:
 `--kv-transport`, `--kv-transfer-host/-port/-timeout`); they land in `EngineOptions` (the
 transport flags stay on the namespace for `options_from_args`). A role other than
@@ -17,11 +17,12 @@ the engine (see `relaykv.serve.engine_factory`); without one the factory refuses
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from relaykv.engine import KV_LOAD_FAILURE_POLICIES, ROLES
-from relaykv.kvcache import PD_POLICIES
+from relaykv.engine import KV_LOAD_FAILURE_POLICIES
+from relaykv.kvcache import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
 from relaykv.kvcache.retention import RETENTION_HELP
 from relaykv.serve.sizes import format_bytes, parse_bytes
 
@@ -58,11 +59,18 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
     # P/D (see the module docstring).
-    role: str = "colocated"
-    pd_policy: str = "per-group"
+    role: Role = Role.COLOCATED
+    pd_policy: PDPolicy = DEFAULT_PD_POLICY
     kv_transport: str = "shm"  # relaykv.transfer transport name (shm, tcp, nixl, mooncake)
     kv_lease_seconds: float = 30.0  # P holds a request's blocks at most this long for D
     kv_load_failure: str = "recompute"  # D: recompute locally, or fail the request
+
+    def __post_init__(self) -> None:
+        # Where a --role / --pd-policy string becomes the enum every layer takes; a bad one
+        # stays a string for `check()` to report with its flag.
+        for name, enum in (("role", Role), ("pd_policy", PDPolicy)):
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, name, enum(getattr(self, name)))
 
     @property
     def pool_memory(self) -> int:
@@ -70,7 +78,16 @@ class EngineOptions:
 
     def check(self) -> None:
         """Checks that need no model; raises `OptionError`."""
-        positive = {
+        for flag, given, enum in (
+            ("--role", self.role, Role),
+            ("--pd-policy", self.pd_policy, PDPolicy),
+        ):
+            if not isinstance(given, enum):
+                try:
+                    enum.parse(given)
+                except ValueError as exc:
+                    raise OptionError(flag, str(exc)) from None
+        positive: dict[str, int] = {
             "--block-size": self.block_size,
             "--max-num-batched-tokens": self.max_num_batched_tokens,
             "--max-num-seqs": self.max_num_seqs,
@@ -101,10 +118,6 @@ class EngineOptions:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
         if self.dtype not in DTYPES:
             raise OptionError("--dtype", f"choose from {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.role not in ROLES:
-            raise OptionError("--role", f"choose from {', '.join(ROLES)}, got {self.role!r}")
-        if self.pd_policy not in PD_POLICIES:
-            raise OptionError("--pd-policy", f"choose from {', '.join(PD_POLICIES)}")
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
             raise OptionError(
                 "--kv-load-failure", f"choose from {', '.join(KV_LOAD_FAILURE_POLICIES)}"
@@ -175,21 +188,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
-    """P/D flags (issue 5); colocated defaults. See the module docstring."""
+    """P/D flags (docs/pd.md); colocated defaults. See the module docstring."""
     from relaykv.transfer.transport.registry import add_transport_arguments
 
     pd = parser.add_argument_group("P/D disaggregation")
     pd.add_argument(
         "--role",
         choices=ROLES,
-        default="colocated",
+        default=Role.COLOCATED.value,
         help="colocated (default), or prefill / decode engine of a P/D pair",
     )
     pd.add_argument(
         "--pd-policy",
         choices=PD_POLICIES,
-        default="per-group",
-        help="which KV blocks move from P to D (KVCACHE.md §7)",
+        default=DEFAULT_PD_POLICY.value,
+        help="which KV blocks move from P to D (docs/design.md §7)",
     )
     pd.add_argument(
         "--kv-lease-seconds",

@@ -55,7 +55,7 @@ def connector_factory(options: EngineOptions, args: argparse.Namespace) -> Conne
             options.role,
             engine.manager,
             transport,
-            engine.executor.kv.buffer,  # the model runner's KV page buffer
+            engine.executor.kv_buffer,  # the executor's KV pages (the Executor protocol)
             engine_id=engine_id,
             options=transport_options,
             lease_seconds=options.kv_lease_seconds,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
+from relaykv.kvcache import PDPolicy, Role
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.engine import SimEngine
 from relaykv.sim.executor import CostModelExecutor
@@ -104,8 +105,8 @@ class SimCluster:
             num_blocks=s.num_blocks,
             scheduler=s.scheduler,
             retention=s.retention,
-            role=role,
-            pd_policy=s.pd_policy,
+            role=Role.parse(role),
+            pd_policy=PDPolicy.parse(s.pd_policy),
             model_name=s.model.name,
         )
         self.engines[name] = SimEngine(

@@ -53,6 +53,11 @@ class CostModelExecutor:
         return self._geometry
 
     @property
+    def kv_buffer(self) -> None:
+        """No KV bytes exist in the simulation (the `Executor` protocol's cost-model case)."""
+        return None
+
+    @property
     def num_speculative_tokens(self) -> int:
         return self.k
 

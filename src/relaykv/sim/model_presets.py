@@ -160,6 +160,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "hf-model") -> ModelSpec:
     n_sliding = sum(1 for t in types if t == "sliding_attention")
     kinds = []
     if n_sliding:
+        assert window is not None, "sliding layers need a sliding_window"
         kinds.append(_attn("sliding", int(window), n_sliding, heads, kvh, hd, BF16))
     if layers_n - n_sliding:
         kinds.append(_attn("full", None, layers_n - n_sliding, heads, kvh, hd, BF16))

@@ -138,7 +138,7 @@ def derive_geometry(
             total = layers_in_group + (1 if is_draft else 0)
             specs.append(
                 GroupSpec(
-                    key[0],  # type: ignore[arg-type]
+                    key[0],
                     block_size,
                     window=key[1],
                     draft=is_draft,

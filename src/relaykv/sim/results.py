@@ -1,6 +1,6 @@
 """One policy's simulated run as `bench serve` reports it, plus the engines' counters.
 
-Metric meanings follow `bench serve` (COMPAT.md): TTFT from send to the first streamed
+Metric meanings follow `bench serve` (docs/benchmarking.md): TTFT from send to the first streamed
 token (D's first token in P/D), TPOT = (e2e - TTFT) / (output tokens - 1) over requests
 with more than one token, duration from the first send of the measured phase to its last
 completion, throughputs over that duration. Counters (`d_local_hit_tokens` = D's

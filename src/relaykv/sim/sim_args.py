@@ -1,6 +1,6 @@
 """Flags of `relaykv sim`: the cluster, and `bench serve`'s dataset and load flags.
 
-Dataset and load flags keep `relaykv bench serve`'s names and defaults (COMPAT.md) so a
+Dataset and load flags keep `relaykv bench serve`'s names and defaults (docs/benchmarking.md) so a
 command line moves between the two unchanged; flags that only concern a real server
 (URLs, tokenizer, result files of bench serve) do not exist here.
 """

@@ -1,9 +1,10 @@
 """Request streams with `relaykv bench serve`'s dataset and load flags (docs/simulator.md).
 
 The three synthetic datasets are generated on token ids with the definitions and seeds
-COMPAT.md gives (vLLM `random` and `prefix_repetition`, SGLang `generated-shared-prefix`),
+docs/benchmarking.md gives (vLLM `random` and `prefix_repetition`, SGLang
+`generated-shared-prefix`),
 so for the same flags and vocabulary size the prompts are the ones `bench serve` sends as
-ids. The simulator may not import `relaykv.bench` (bench is a wire client, ARCHITECTURE.md),
+ids. The simulator may not import `relaykv.bench` (bench is a wire client, docs/architecture.md),
 hence this second implementation; `tests/sim/test_workload.py` checks the two agree.
 Arrivals: rate inf = all at t=0, else gamma gaps (shape = burstiness) rescaled so the last
 request is sent at N / rate, as vLLM does.

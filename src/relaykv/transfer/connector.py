@@ -1,4 +1,4 @@
-"""The P/D connector: the engine's `KVConnector`, over a KV transport (KVCACHE.md §7).
+"""The P/D connector: the engine's `KVConnector`, over a KV transport (docs/design.md §7).
 
 On a prefill engine (P) a finished request's blocks go to `KVCacheManager.hold_for_transfer`,
 which keeps exactly what the P/D plan names; the transfer server is told that this request's
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from relaykv.engine.request import Request
@@ -63,7 +63,10 @@ class PDConnector:
         options: TransportOptions | None = None,
         lease_seconds: float = 30.0,
         quarantine_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` measures leases, keep-alives and quarantines (tests pass a manual one; the
+        transport's own grant table reads lease deadlines on the same monotonic clock)."""
         if role not in ("prefill", "decode"):
             raise ValueError(f"a P/D connector needs role prefill or decode, got {role!r}")
         if lease_seconds <= 0:
@@ -73,6 +76,7 @@ class PDConnector:
         self.engine_id = engine_id
         self.lease_seconds = lease_seconds
         self.quarantine_seconds = quarantine_seconds
+        self.clock = clock
         self.layout = PageLayout.from_geometry(manager.geometry, manager.pool.num_blocks)
         secret = options.secret if options is not None else None
         self.signer = GrantSigner(default_secret() if secret is None else secret)
@@ -135,7 +139,7 @@ class PDConnector:
         held = self.manager.hold_for_transfer(request.cache)
         blocks = {g: [b for _, b in items] for g, items in enumerate(held) if items}
         destination = (request.kv_transfer_params or {}).get("destination_engine_id")
-        deadline = time.monotonic() + self.lease_seconds
+        deadline = self.clock() + self.lease_seconds
         if destination is None:  # bound to the first engine that reads it
             self.server.allow(request.request_id, blocks, deadline)
         else:
@@ -162,7 +166,7 @@ class PDConnector:
             return
         assert self.server is not None
         self.server.release(request_id)  # returns once no copy of its pages is running
-        self.manager.free(cache)
+        self.manager.release(cache)
         if expired:
             self.manager.stats.lease_expiries += 1
 
@@ -191,7 +195,7 @@ class PDConnector:
     def keep_alive(self, waiting: list[Request]) -> None:
         """D: renew the leases of remote-prefill requests still waiting for admission."""
         assert self.client is not None
-        now = time.monotonic()
+        now = self.clock()
         alive = {}
         for request in waiting:
             params = request.kv_transfer_params or {}
@@ -214,11 +218,11 @@ class PDConnector:
                 if event.kind in ("read_ok", "read_failed", "released", "expired"):
                     self._release_held(event.request_id, expired=event.kind == "expired")
                 elif event.kind == "keepalive" and event.request_id in self._held:
-                    self.server.extend(event.request_id, time.monotonic() + self.lease_seconds)
+                    self.server.extend(event.request_id, self.clock() + self.lease_seconds)
         done: list[tuple[KVLoad, bool]] = []
         if self.client is None:
             return done
-        now = time.monotonic()
+        now = self.clock()
         for handle in self.client.completed():
             entry = self._reads.pop(handle.transfer_id, None)
             if entry is None:
@@ -246,11 +250,11 @@ class PDConnector:
             if self.manager.requests.get(rid) is not cache:
                 problems.append(f"held request {rid} is not registered with the cache")
         for tid, (_, load) in self._reads.items():
-            if load.own_state != "pending":
-                problems.append(f"read {tid} still tracked after its load {load.own_state}")
+            if not load.pending:
+                problems.append(f"read {tid} still tracked after its load {load.state.value}")
         for _, load in self._quarantine:
-            if load.own_state != "pending":
-                problems.append(f"quarantined load {load.load_id} already {load.own_state}")
+            if not load.pending:
+                problems.append(f"quarantined load {load.load_id} already {load.state.value}")
         # The transport's own structures belong to its IO thread; its tests check them.
         return problems
 

@@ -1,4 +1,4 @@
-"""vLLM's prefix_repetition dataset, checked against its definition (COMPAT.md)."""
+"""vLLM's prefix_repetition dataset, checked against its definition (docs/benchmarking.md)."""
 
 from __future__ import annotations
 

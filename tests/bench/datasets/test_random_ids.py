@@ -1,4 +1,4 @@
-"""vLLM's random dataset, checked against its definition (COMPAT.md "random")."""
+"""vLLM's random dataset, checked against its definition (docs/benchmarking.md "Datasets")."""
 
 from __future__ import annotations
 

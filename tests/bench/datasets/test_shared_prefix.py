@@ -1,4 +1,4 @@
-"""SGLang's generated-shared-prefix dataset, checked against its definition (COMPAT.md)."""
+"""SGLang's generated-shared-prefix dataset, checked against docs/benchmarking.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Starting and stopping a cluster for one A/B run: a `relaykv up --json <flags>` subprocess.
 
-Contract (HELPER_GUIDE "Cluster discovery"): the command prints exactly one JSON line
+Contract (docs/benchmarking.md "What the servers must provide"):
+the command prints exactly one JSON line
 `{"router": URL, "prefill": [URL], "decode": [URL]}` once every engine is ready and runs
 until SIGTERM/SIGINT. Other output lines are allowed (they go to the run's log). The child
 gets its own session so that, if SIGTERM does not stop it within the timeout, its whole

@@ -30,7 +30,9 @@ def plot_ttft_distribution(runs: list[dict[str, Any]], path: Path) -> Path:
     )
     for ax, group in zip(axes[0], groups, strict=False):
         for run in runs:
-            ttfts = next((g["ttfts_ms"] for g in run["groups"] if g["group"] == group), [])
+            ttfts: list[float] = next(
+                (g["ttfts_ms"] for g in run["groups"] if g["group"] == group), []
+            )
             if ttfts:
                 xs = np.sort(np.asarray(ttfts))
                 ys = np.arange(1, len(xs) + 1) / len(xs)

@@ -118,8 +118,8 @@ def build_rows(runs: list[dict[str, Any]], baseline: str) -> list[Row]:
     per_run = [(run["label"], run["config"], run_values(run)) for run in runs]
     configs = list(dict.fromkeys(config for _, config, _ in per_run))
     keys: dict[tuple[str, str], str] = {}
-    for _, _, values in per_run:
-        for key, (name, _) in values.items():
+    for _, _, run_vals in per_run:
+        for key, (name, _) in run_vals.items():
             keys.setdefault(key, name)
     rows = []
     for (group, metric), name in keys.items():

@@ -1,4 +1,7 @@
-"""Synthetic datasets: pure functions from parameters and a seed to requests (COMPAT.md)."""
+"""Synthetic datasets: pure functions from parameters and a seed to requests.
+
+The definitions: docs/benchmarking.md "Datasets".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""vLLM's `prefix_repetition` dataset on token ids (COMPAT.md "prefix_repetition").
+"""vLLM's `prefix_repetition` dataset on token ids (docs/benchmarking.md "Datasets").
 
 Definition (vLLM `PrefixRepetitionRandomDataset`): `prompts_per_prefix = num_prompts //
 num_prefixes` (an error when 0), so `num_prefixes * prompts_per_prefix` requests; for each

@@ -1,4 +1,4 @@
-"""vLLM's `random` dataset on token ids (COMPAT.md "random").
+"""vLLM's `random` dataset on token ids (docs/benchmarking.md "Datasets").
 
 Definition (vLLM `RandomDataset`), reproduced with one `numpy.random.default_rng(seed)`:
 * input lengths uniform over the integers in `[floor(L*(1-r)), ceil(L*(1+r))]`, output

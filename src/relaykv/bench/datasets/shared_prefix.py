@@ -1,4 +1,4 @@
-"""SGLang's `generated-shared-prefix` dataset on token ids (COMPAT.md).
+"""SGLang's `generated-shared-prefix` dataset on token ids (docs/benchmarking.md "Datasets").
 
 Definition (SGLang `sample_generated_shared_prefix_requests`, uniform groups):
 * lengths come from `compute_random_lens(L, r, n)` = integers uniform in

@@ -1,4 +1,4 @@
-"""The seed's fixed-engine correctness probe (seed-pr.txt, COMPAT.md "The seed's probe").
+"""The seed's fixed-engine correctness probe (docs/benchmarking.md "relaykv probe").
 
 Two prompts x+a and x+b share a long prefix x (random token ids from one seeded
 generator: x, then a, then b, redrawing b if it equals a). Each is sent with

@@ -1,4 +1,4 @@
-"""Flags of `relaykv bench serve` (vLLM `bench serve` names and defaults, COMPAT.md)."""
+"""Flags of `relaykv bench serve`: vLLM `bench serve` names and defaults (docs/benchmarking.md)."""
 
 from __future__ import annotations
 

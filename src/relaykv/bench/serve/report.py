@@ -3,7 +3,8 @@
 The block is vLLM's: a 50-column `=` header ` Serving Benchmark Result `, rows formatted
 `{:<40} {:<10}`, one `-` section per selected metric with `Mean X (ms):`, `Median X (ms):`
 and `P{p} X (ms):` rows, then a closing rule. relaykv adds one section, the SGLang-style
-cache report, before the closing rule. The JSON carries vLLM's keys (COMPAT.md) plus
+cache report, before the closing rule. The JSON carries vLLM's keys
+(docs/benchmarking.md "Result JSON") plus
 `cache_report`; per-request arrays only with `--save-detailed`.
 """
 

@@ -12,7 +12,7 @@ holds three things, all as tensors so a CUDA backend can use them unchanged:
   are bucketed by length (1, 2, 3-4, 5-8, ...) so a decode token is never padded to the
   length of a 30-token chunk.
 
-Rules enforced here (KVCACHE.md §1, §4): block id 0 is the null block and is never
+Rules enforced here (docs/design.md §1, §4): block id 0 is the null block and is never
 written; every page a query reads inside its window must be a real block (non-null), and
 positions below a sliding window may be null. Violations are engine bugs and raise
 `ValueError` naming the request.

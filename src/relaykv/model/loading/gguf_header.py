@@ -63,7 +63,7 @@ class GGUFHeader:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        self._buf = memoryview(self.data)
+        self._buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy stubs lack Buffer
         self._pos = 0
         if bytes(self._buf[:4]) != b"GGUF":
             raise ValueError(f"{self.path}: not a GGUF file (bad magic)")
@@ -110,7 +110,9 @@ class GGUFHeader:
                 return [self._string() for _ in range(count)]
             if item in _NUMPY:
                 width = np.dtype(_NUMPY[item]).itemsize
-                values = np.frombuffer(self._buf, dtype=_NUMPY[item], count=count, offset=self._pos)
+                values: np.ndarray = np.frombuffer(
+                    self._buf, dtype=_NUMPY[item], count=count, offset=self._pos
+                )
                 self._pos += width * count
                 return values.tolist()
             return [self._value(item) for _ in range(count)]

@@ -53,7 +53,7 @@ def build_gguf_tokenizer(meta: dict[str, Any], architecture: str) -> HFTokenizer
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     if kind == "gpt2":
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        model = BPE({t: i for i, t in enumerate(tokens)}, merges)  # type: ignore[arg-type]
+        model = BPE({t: i for i, t in enumerate(tokens)}, merges)
         tok = Tokenizer(model)
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if meta.get("tokenizer.ggml.pre") == "smollm":

@@ -1,7 +1,7 @@
 """The transport contract: what every `--kv-transport` provides.
 
 A `KVTransport` makes the two ends of a P/D KV transfer over one KV page buffer
-(HELPER_GUIDE "KV page storage": uint8 `[num_blocks, block_bytes]`, pages addressed by
+(docs/transports.md: uint8 `[num_blocks, block_bytes]`, pages addressed by
 (group, block id), block 0 never transferred):
 
 * `create_server(...)` -> `TransferServer` on P: a background thread with a ZeroMQ

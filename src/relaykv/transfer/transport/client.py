@@ -9,8 +9,8 @@ Rules for the caller (the connector):
 * the destination blocks belong to the transfer until its handle is done: do not read,
   write, hash or free them before;
 * on failure the destination pages are garbage: free them and publish nothing
-  (KVCACHE.md §7);
-* hash received blocks only after the handle reports success (KVCACHE.md §7: "received
+  (docs/design.md §7);
+* hash received blocks only after the handle reports success (docs/design.md §7: "received
   blocks get hashes only after the transfer has completed").
 """
 
@@ -25,6 +25,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 import zmq
 
@@ -70,7 +71,9 @@ class TransferClient(ReaderIO):
         self._ctx = context or zmq.Context.instance()
         self._submit: queue.SimpleQueue[ReadJob | None] = queue.SimpleQueue()
         # (source, request id, message): fire-and-forget notes to a serving endpoint.
-        self._notes: queue.SimpleQueue[tuple[KVSourceDescriptor, object]] = queue.SimpleQueue()
+        self._notes: queue.SimpleQueue[tuple[KVSourceDescriptor, msgspec.Struct]] = (
+            queue.SimpleQueue()
+        )
         self._waiting: deque[ReadJob] = deque()  # no plane resources yet
         self._jobs: dict[str, ReadJob] = {}
         self._peers: dict[str, Peer] = {}
@@ -140,7 +143,7 @@ class TransferClient(ReaderIO):
         it (the request waits for admission). Fire and forget, like `release_remote`."""
         self._note(source, wire.KeepAlive(request_id))
 
-    def _note(self, source: KVSourceDescriptor, message: object) -> None:
+    def _note(self, source: KVSourceDescriptor, message: msgspec.Struct) -> None:
         if self._closed:
             raise RuntimeError("transfer client is closed")
         self._notes.put((source, message))

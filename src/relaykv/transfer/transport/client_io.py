@@ -16,6 +16,7 @@ import queue
 import time
 from collections import deque
 
+import msgspec
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -288,7 +289,7 @@ class ReaderIO:
         if job.sent:
             self._plane.forget(tid, clean)
 
-    def _send(self, peer: Peer, msg: object) -> None:
+    def _send(self, peer: Peer, msg: msgspec.Struct) -> None:
         try:
             peer.sock.send_multipart(self._codec.to_server(msg), zmq.NOBLOCK)
         except zmq.Again:

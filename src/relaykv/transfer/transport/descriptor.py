@@ -3,7 +3,7 @@
 It names the serving endpoint (engine id, host, control port, transport) and the page
 layout the endpoint serves; `meta` carries transport-specific registration data. It is
 plain data: msgspec encodes it to JSON for the router's HTTP hop and to msgpack for ZMQ.
-No pickle anywhere (ARCHITECTURE.md: "typed, no pickle on the wire").
+No pickle anywhere (docs/architecture.md: "typed, no pickle on the wire").
 """
 
 from __future__ import annotations

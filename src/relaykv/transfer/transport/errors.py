@@ -2,7 +2,7 @@
 
 Every failure on the reading side (D) is a `TransferError`; the subclass says why. After
 any failure the destination pages of that transfer hold garbage: the caller frees them and
-publishes nothing (KVCACHE.md §7: "a failed or timed-out transfer frees its blocks,
+publishes nothing (docs/design.md §7: "a failed or timed-out transfer frees its blocks,
 publishes nothing").
 """
 

@@ -1,6 +1,6 @@
 """Page digests: the sender hashes what it reads, the receiver re-hashes what landed.
 
-xxh3-64 per page (HELPER_GUIDE lists xxhash as a core dependency). The receiver hashes
+xxh3-64 per page (xxhash is a core dependency, as for the cache keys). The receiver hashes
 the *destination* pages after they landed, so a wrong offset, a stale slot, a torn write
 or a short write all show up as a mismatch, whatever the transport did on the way.
 """
@@ -18,7 +18,7 @@ from relaykv.transfer.transport.layout import PageCopy
 
 def page_digest(data: np.ndarray | memoryview | bytes) -> int:
     """xxh3-64 of one page's bytes (contiguous)."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data)  # type: ignore[arg-type]  # numpy lacks Buffer stubs
 
 
 def source_digests(buffer: np.ndarray, pages: Sequence[PageCopy]) -> list[int]:

@@ -1,4 +1,4 @@
-"""Page addressing in an engine's KV buffer (HELPER_GUIDE "KV page storage").
+"""Page addressing in an engine's KV buffer (docs/transports.md).
 
 One engine has ONE host buffer for all KV: a contiguous uint8 array `[num_blocks,
 block_bytes]`. A page is (group, block id); it is the first `page_bytes[group]` bytes of

@@ -141,7 +141,7 @@ class MooncakeSender(DirectWriteSender):
         return f"{registered.session}@{registered.base:x}"
 
     def post(self, sink: MooncakeSink, writes: list[Write], tag: str) -> PendingChunk:
-        batch_ids = []
+        batch_ids: list[int] = []
         for source, target, length in writes:
             batch_id = self._engine.transfer_submit_write(sink.session, source, target, length)
             if batch_id < 0:

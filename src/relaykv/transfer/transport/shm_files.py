@@ -56,7 +56,7 @@ def owner_alive(name: str) -> bool:
 
 def clean_stale_files(directory: str = SHM_DIR) -> list[str]:
     """Unlink this user's relaykv shm files whose creating process is gone; their names."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

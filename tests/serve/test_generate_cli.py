@@ -1,4 +1,8 @@
-"""`relaykv generate`: output format, equivalences, and errors that name the flag."""
+"""`relaykv generate`: output format, equivalences, and errors that name the flag.
+
+The command runs the serving engine (`LLMEngine` + `ModelRunner`); the model layer's own
+offline driver (`OfflineGenerator`) is the independent reference it must agree with.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +48,23 @@ def test_json_output_shape(capsys):
             assert isinstance(t0, int) and lp0 >= lp1
         # greedy: the chosen token is the most likely one
         assert [p[0][0] for p in row["logprobs"]] == row["output_ids"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from relaykv.model import load_model
+
+    return load_model("tiny-hybrid")
+
+
+def test_generate_runs_the_engine_not_the_offline_driver() -> None:
+    code = (
+        "import sys; from relaykv.cli import main; "
+        "assert main(['generate', '--prompt-ids', '1,2,3', '--max-tokens', '2']) == 0; "
+        "assert 'relaykv.engine.engine' in sys.modules; "
+        "assert 'relaykv.model.offline' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 def test_cli_greedy_equals_library_and_speculation(capsys, tiny):

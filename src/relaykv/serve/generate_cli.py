@@ -7,6 +7,10 @@
 `--json` prints one object per prompt: `{"prompt_ids", "output_ids", "text", "logprobs"}`
 (`logprobs`: for each generated position, the top-K `[token_id, logprob]` pairs of the raw
 model distribution; null unless `--logprobs` is given). Errors name the flag and exit 2.
+
+It runs the serving engine offline: `LLMEngine` (the scheduler and the cache lifecycle of
+docs/design.md §10) over a `ModelRunner`, with a pool sized for every prompt at once, so what
+`generate` prints is what `relaykv serve` computes.
 """
 
 from __future__ import annotations
@@ -15,8 +19,13 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from relaykv.model.presets import PRESET_NAMES
+
+if TYPE_CHECKING:  # torch: imported only when the command runs
+    from relaykv.engine import LLMEngine
+    from relaykv.model import EagleDraft, LoadedModel, ModelRunner
 
 
 class UsageError(ValueError):
@@ -104,14 +113,14 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _prompts(args: argparse.Namespace, loaded: object) -> list[list[int]]:
+def _prompts(args: argparse.Namespace, loaded: LoadedModel) -> list[list[int]]:
     prompts = [_parse_ids(text) for text in args.prompt_ids]
     if args.prompt:
-        tokenizer = loaded.tokenizer  # type: ignore[attr-defined]
+        tokenizer = loaded.tokenizer
         if tokenizer is None:
             raise UsageError(f"--prompt: model {args.model} has no tokenizer; use --prompt-ids")
         prompts = [tokenizer.encode(text) for text in args.prompt] + prompts
-    vocab = loaded.config.vocab_size  # type: ignore[attr-defined]
+    vocab = loaded.config.vocab_size
     for ids in prompts:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
@@ -121,11 +130,11 @@ def _prompts(args: argparse.Namespace, loaded: object) -> list[list[int]]:
     return prompts
 
 
-def _draft(args: argparse.Namespace, loaded: object):  # -> EagleDraft | None
+def _draft(args: argparse.Namespace, loaded: LoadedModel) -> EagleDraft | None:
     from relaykv.model.eagle import load_eagle_checkpoint, random_draft
 
-    config = loaded.config  # type: ignore[attr-defined]
-    dtype = loaded.model.dtype  # type: ignore[attr-defined]
+    config = loaded.config
+    dtype = loaded.model.dtype
     if args.speculative_tokens == 0:
         return None
     if args.draft_model == "random":
@@ -151,14 +160,50 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _engine(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    draft: EagleDraft | None,
+    prompts: list[list[int]],
+) -> tuple[LLMEngine, ModelRunner]:
+    """An `LLMEngine` over a `ModelRunner` whose pool holds every prompt at once."""
+    from relaykv.engine import EngineConfig, LLMEngine, SchedulerConfig
+    from relaykv.kvcache import CacheSizing
+    from relaykv.model.kv_layout import derive_layout
+    from relaykv.model.runner import ModelRunner
+
+    k = args.speculative_tokens
+    shape = draft.attention_shape() if draft is not None else None
+    layout = derive_layout(loaded.config, args.block_size, loaded.model.dtype, shape)
+    max_model_len = max(len(p) for p in prompts) + args.max_tokens + k + 1
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=2048, max_num_seqs=len(prompts), max_model_len=max_model_len
+    )
+    per_request = CacheSizing.build(
+        layout.geometry, 2, max_model_len, scheduler.max_num_batched_tokens + k
+    ).blocks_per_request
+    runner = ModelRunner(
+        loaded.model,
+        num_blocks=1 + len(prompts) * per_request,
+        block_size=args.block_size,
+        draft=draft,
+        num_speculative_tokens=k,
+    )
+    config = EngineConfig(num_blocks=runner.kv.num_blocks, scheduler=scheduler)
+    engine = LLMEngine(
+        runner,
+        config,
+        eos_token_ids=loaded.eos_token_ids,
+        vocab_size=loaded.config.vocab_size,
+    )
+    return engine, runner
+
+
 def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
     from tqdm import tqdm
 
-    from relaykv.model.kv_layout import derive_layout
     from relaykv.model.loading import PackageNotInstalled, load_model
-    from relaykv.model.offline import OfflineGenerator, blocks_needed
-    from relaykv.model.runner import ModelRunner
     from relaykv.steps import SamplingParams
 
     try:
@@ -167,42 +212,44 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model: {exc}") from None
     prompts = _prompts(args, loaded)
     draft = _draft(args, loaded)
-    k = args.speculative_tokens
-    shape = draft.attention_shape() if draft is not None else None
-    groups = len(derive_layout(loaded.config, args.block_size, loaded.model.dtype, shape).shapes)
-    blocks = blocks_needed([len(p) for p in prompts], args.max_tokens, groups, args.block_size, k)
-    runner = ModelRunner(
-        loaded.model,
-        num_blocks=blocks,
-        block_size=args.block_size,
-        draft=draft,
-        num_speculative_tokens=k,
-    )
+    engine, runner = _engine(args, loaded, draft, prompts)
     params = [
         SamplingParams(
+            max_tokens=args.max_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
             top_k=args.top_k,
             seed=args.seed + i,
             logprobs=args.logprobs,
+            ignore_eos=args.ignore_eos,
         )
         for i in range(len(prompts))
     ]
-    stops = () if args.ignore_eos else loaded.eos_token_ids
-    generator = OfflineGenerator(runner)
     started = time.perf_counter()
-    total = sum(len(p) + args.max_tokens for p in prompts)
+    results = [
+        engine.add_request(f"prompt-{i}", prompt, sp)
+        for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True))
+    ]
     with tqdm(
-        total=total, desc="tokens", unit="tok", file=sys.stderr, disable=None, leave=False
+        total=len(prompts) * args.max_tokens,
+        desc="tokens",
+        unit="tok",
+        file=sys.stderr,
+        disable=None,
+        leave=False,
     ) as bar:
-        results = generator.generate(prompts, args.max_tokens, params, stops, on_step=bar.update)
+        while engine.has_unfinished():
+            bar.update(sum(len(out.new_token_ids) for out in engine.step()))
     elapsed = time.perf_counter() - started
+    failed = [r for r in results if r.error]
+    if failed:
+        raise RuntimeError(f"generation failed: {failed[0].error}")
     tokenizer = loaded.tokenizer
     for result in results:
         text = tokenizer.decode(result.output_ids) if tokenizer is not None else None
         if args.json:
             logprobs = None
-            if result.logprobs is not None:
+            if args.logprobs:
                 logprobs = [[[tid, lp] for tid, lp in pos.top] for pos in result.logprobs]
             print(
                 json.dumps(
@@ -218,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
             print(text if text is not None else " ".join(map(str, result.output_ids)))
     generated = sum(len(r.output_ids) for r in results)
     summary = f"{len(results)} prompts, {generated} tokens in {elapsed:.2f}s"
-    if k:
+    if args.speculative_tokens:
         summary += f", draft acceptance {runner.stats.acceptance_rate:.0%}"
     print(summary, file=sys.stderr)
     return 0
