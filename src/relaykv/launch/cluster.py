@@ -13,6 +13,7 @@ member that outlives its timeout. Secrets reach members through `env`, never the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -26,6 +27,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Resolved before any fork: the child only calls it (no dynamic loading between fork and exec).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """Run in the member between fork and exec: SIGTERM it (it drains and exits) when the
+    process that launched it dies, so a `relaykv up` killed by SIGKILL leaves no orphaned
+    engines holding ports, pools and shared memory (docs/security.md, "Faults and what
+    they cost").
+
+    The signal follows the launching *thread*; `relaykv up` launches and restarts members
+    from its main thread only."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -155,6 +172,7 @@ class Cluster:
             member.process = subprocess.Popen(
                 member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
             )
 
     def stop(self, timeout: float = 30.0, router_timeout: float = 90.0) -> dict[str, int]:
