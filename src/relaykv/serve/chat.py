@@ -89,11 +89,12 @@ class ChatShape:
         return choice
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request) -> Response:
-    state = server_state(request)
-    body = parse_body(await request.body(), ChatCompletionRequest)
-    check_model(body.model, state.model_name)
+def chat_inputs(
+    state: ServerState, body: ChatCompletionRequest
+) -> tuple[list[int], int | None, int]:
+    """What every chat endpoint (generation and render) derives from a body: the prompt ids,
+    the output cap (`max_completion_tokens`, else `max_tokens`) and how many logprobs per
+    token the engine must return. A `top_logprobs` outside [0, 20] is a 400."""
     prompt_ids = chat_prompt(state, body)
     top_n = body.top_logprobs or 0
     if not 0 <= top_n <= 20:
@@ -101,10 +102,19 @@ async def create_chat_completion(request: Request) -> Response:
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
+    return prompt_ids, max_tokens, max(1, top_n) if body.logprobs else 0
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    state = server_state(request)
+    body = parse_body(await request.body(), ChatCompletionRequest)
+    check_model(body.model, state.model_name)
+    prompt_ids, max_tokens, logprobs = chat_inputs(state, body)
     params = sampling_params(
         body,
         max_tokens,
-        max(1, top_n) if body.logprobs else 0,
+        logprobs,
         len(prompt_ids),
         state.served.max_model_len,
     )

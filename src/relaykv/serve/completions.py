@@ -69,6 +69,14 @@ class CompletionShape:
         return choice
 
 
+def completion_logprobs(body: CompletionRequest) -> int:
+    """Logprobs per token the engine must return for a completions body (generation and
+    render alike); a `logprobs` outside [0, 20] is a 400."""
+    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
+        raise APIError(400, f"logprobs must be in [0, 20], got {body.logprobs}", "logprobs")
+    return engine_logprobs(body.logprobs)
+
+
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     state = server_state(request)
@@ -76,10 +84,8 @@ async def create_completion(request: Request) -> Response:
     check_model(body.model, state.model_name)
     served = state.served
     prompt_ids = completion_prompt(body.prompt, served.tokenizer)
-    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
-        raise APIError(400, f"logprobs must be in [0, 20], got {body.logprobs}", "logprobs")
     params = sampling_params(
-        body, body.max_tokens, engine_logprobs(body.logprobs), len(prompt_ids), served.max_model_len
+        body, body.max_tokens, completion_logprobs(body), len(prompt_ids), served.max_model_len
     )
     shape = CompletionShape(body, served.tokenizer)
     return await run_generation(request, state, GenerationJob(body, prompt_ids, params, shape))

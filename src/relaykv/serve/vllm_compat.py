@@ -31,7 +31,8 @@ from fastapi.responses import JSONResponse
 
 from relaykv.api_errors import APIError, bad_request
 from relaykv.engine import InvalidRequest
-from relaykv.serve.chat import chat_prompt
+from relaykv.serve.chat import chat_inputs, chat_prompt
+from relaykv.serve.completions import completion_logprobs
 from relaykv.serve.engine_stream import new_request_id
 from relaykv.serve.inputs import (
     check_model,
@@ -40,7 +41,6 @@ from relaykv.serve.inputs import (
     parse_body,
     sampling_params,
 )
-from relaykv.serve.logprobs import engine_logprobs
 from relaykv.serve.protocol import ChatCompletionRequest, CompletionRequest
 from relaykv.serve.state import ServerState, server_state
 
@@ -160,9 +160,7 @@ async def render_completion(request: Request) -> Response:
     body = parse_body(await request.body(), CompletionRequest)
     check_model(body.model, state.model_name)
     prompt_ids = completion_prompt(body.prompt, state.served.tokenizer)
-    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
-        raise APIError(400, f"logprobs must be in [0, 20], got {body.logprobs}", "logprobs")
-    logprobs = engine_logprobs(body.logprobs)
+    logprobs = completion_logprobs(body)
     rendered = _generate_request(state, "cmpl", prompt_ids, body, body.max_tokens, logprobs)
     return JSONResponse([rendered])
 
@@ -172,13 +170,6 @@ async def render_chat_completion(request: Request) -> Response:
     state = server_state(request)
     body = parse_body(await request.body(), ChatCompletionRequest)
     check_model(body.model, state.model_name)
-    prompt_ids = chat_prompt(state, body)
-    top_n = body.top_logprobs or 0
-    if not 0 <= top_n <= 20:
-        raise APIError(400, f"top_logprobs must be in [0, 20], got {top_n}", "top_logprobs")
-    max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = body.max_tokens
-    logprobs = max(1, top_n) if body.logprobs else 0
+    prompt_ids, max_tokens, logprobs = chat_inputs(state, body)
     rendered = _generate_request(state, "chatcmpl", prompt_ids, body, max_tokens, logprobs)
     return JSONResponse(rendered)
