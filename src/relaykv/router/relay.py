@@ -131,18 +131,27 @@ class Router:
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
-            resp = await self._post(
-                self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
-            )
+            decision = self.routing.last_decision
+            # Siblings arriving while P computes this prompt follow it there (router/pending.py).
+            computing = self.routing.in_flight.begin(backend.url, prompt) if prompt else None
+            try:
+                resp = await self._post(
+                    self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
+                )
+            finally:
+                if computing is not None:
+                    self.routing.in_flight.end(backend.url, computing)
             if resp is None:
                 self.stats.retries += 1
                 continue
             if resp.status_code != 200:
                 return None, _relay(resp)
             try:
-                params = resp.json().get("kv_transfer_params")
+                answer = resp.json()
+                params = answer.get("kv_transfer_params")
             except (ValueError, AttributeError):
-                params = None
+                answer, params = None, None
+            decision.cached_tokens = _cached_tokens(answer)
             if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                 self.prefill.failed(backend, "answered without kv_transfer_params")
                 continue
@@ -186,13 +195,21 @@ class Router:
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
             tried.add(backend)
+            # Until D answers (it has loaded the KV by then), siblings follow this prompt here.
+            loading = self.routing.in_flight.begin(backend.url, prompt) if prompt else None
+            try:
+                if not stream:
+                    resp = await self._post(self.decode, backend, path, body, headers)
+                else:
+                    opened = await self._open_stream(backend, path, body, headers)
+            finally:
+                if loading is not None:
+                    self.routing.in_flight.end(backend.url, loading)
             if not stream:
-                resp = await self._post(self.decode, backend, path, body, headers)
                 if resp is None:
                     self.stats.retries += 1
                     continue
                 return _relay(resp)
-            opened = await self._open_stream(backend, path, body, headers)
             if opened is None:
                 self.stats.retries += 1
                 continue
@@ -269,6 +286,15 @@ class Router:
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def _cached_tokens(answer: Any) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of an engine's answer, if present."""
+    try:
+        cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    except (KeyError, TypeError):
+        return None
+    return cached if type(cached) is int else None
 
 
 def stream_error(message: str) -> bytes:
@@ -349,8 +375,8 @@ def create_router_app(router: Router) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/routing")
-    async def routing() -> dict[str, Any]:
-        return router.routing.describe()
+    async def routing(recent: int = 0) -> dict[str, Any]:
+        return router.routing.describe(recent=bool(recent))
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:

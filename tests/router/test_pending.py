@@ -1,0 +1,75 @@
+"""Prefixes in flight on a prefill engine (router/pending.py): a sibling that arrives while
+the first request of its prefix is computed is scored as the engine will serve it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from relaykv.kvcache import CacheRole, KVCacheManager
+from relaykv.router.backends import BackendPool
+from relaykv.router.index import EngineIndex
+from relaykv.router.pending import InFlightPrefixes, shared_units
+from relaykv.router.routing import Prompt, Routing
+from tests.kvcache.conftest import Driver, geometry, tokens
+
+
+def test_shared_units_equals_brute_force() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        a = [rng.randbytes(2) for _ in range(rng.randrange(0, 12))]
+        cut = rng.randrange(0, len(a) + 1)
+        b = a[:cut] + [rng.randbytes(3) for _ in range(rng.randrange(0, 5))]
+        brute = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        assert shared_units(a, b) == (min(len(a), len(b)) if brute is None else brute)
+
+
+@pytest.mark.parametrize("groups,draft", [(("full:16", "sliding:16:32"), 0), (("full:16",), 0),
+                                          (("full:32", "sliding:16:48"), None)])
+def test_in_flight_hit_equals_what_a_dense_prefill_engine_serves(
+    groups: tuple[str, ...], draft: int | None
+) -> None:
+    geo = geometry(*groups, draft=draft)
+    rng = random.Random(len(groups))
+    for trial in range(12):
+        system = tokens(rng.randrange(30, 300), seed=trial)
+        first = system + tokens(rng.randrange(1, 60), seed=100 + trial)
+        sibling = system + tokens(rng.randrange(1, 60), seed=200 + trial)
+        index = EngineIndex(geo, "prefill", "per-group")
+        pending = InFlightPrefixes()
+        pending.begin("P", Prompt(first))
+        mine = Prompt(sibling)
+        req = mine.request_for(index)
+        estimate = pending.hit("P", mine, index, index.resume_cap(req))
+        # The reference: a prefill engine with every window kept, once `first` was computed.
+        engine = KVCacheManager(geo, 400, retention="dense", pd_policy="per-group", pd_role=True)
+        done, _ = Driver(engine).prefill(first, role=CacheRole.PREFILL)
+        engine.hold_for_transfer(done)
+        engine.release(done)
+        probe = engine.add_request("probe", sibling, role=CacheRole.PREFILL)
+        assert estimate == engine.lookup(probe).tokens, (trial, len(system))
+        engine.release(probe)
+
+
+def test_a_sibling_follows_its_prefix_to_the_engine_computing_it() -> None:
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    routing = Routing("cache-aware")
+    pool = BackendPool("prefill", ["http://p0", "http://p1"])
+    for b in pool.backends:
+        t = routing.tracker(b)
+        t.index, t.subscriber = EngineIndex(geo, "prefill"), object()  # type: ignore[assignment]
+    system = tokens(400)
+    a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
+    first = routing.pick(pool, set(), a)
+    assert first is not None
+    token = routing.in_flight.begin(first.url, a)
+    first.in_flight += 1
+    # Nothing indexed anywhere yet; the engine computing the prefix still wins.
+    assert routing.pick(pool, set(), b) is first
+    assert routing.last_decision.scored_hit > 0
+    routing.in_flight.end(first.url, token)
+    first.in_flight -= 1
+    assert routing.in_flight.count(first.url) == 0
+    other = Prompt(tokens(430, seed=3))  # an unrelated prompt is judged on load and caches
+    assert routing.in_flight.hit(first.url, other, routing.tracker(first).index, 400) == 0
