@@ -3,6 +3,7 @@ the first request of its prefix is computed is scored as the engine will serve i
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -73,3 +74,35 @@ def test_a_sibling_follows_its_prefix_to_the_engine_computing_it() -> None:
     assert routing.in_flight.count(first.url) == 0
     other = Prompt(tokens(430, seed=3))  # an unrelated prompt is judged on load and caches
     assert routing.in_flight.hit(first.url, other, routing.tracker(first).index, 400) == 0
+
+
+def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    routing = Routing("cache-aware")
+    pool = BackendPool("decode", ["http://d0"])
+    backend = pool.backends[0]
+    t = routing.tracker(backend)
+    t.index, t.subscriber = EngineIndex(geo, "decode"), object()  # type: ignore[assignment]
+    system = tokens(400)
+    a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
+    unrelated = Prompt(tokens(430, seed=3))
+
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        token = routing.in_flight.begin(backend.url, a)
+
+        async def sibling() -> None:
+            await routing.await_prefix_load(backend, b)
+            order.append("sibling sent")
+
+        task = asyncio.create_task(sibling())
+        await routing.await_prefix_load(backend, unrelated)  # shares nothing: no wait
+        order.append("unrelated sent")
+        await asyncio.sleep(0.05)
+        order.append("first answered")
+        routing.in_flight.end(backend.url, token)
+        await task
+        return order
+
+    assert asyncio.run(scenario()) == ["unrelated sent", "first answered", "sibling sent"]
+    assert routing.prefix_waits == 1

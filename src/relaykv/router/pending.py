@@ -1,4 +1,4 @@
-"""Prefixes being computed now: the prompts in flight on each prefill engine (docs/routing.md).
+"""Prefixes in flight: the prompts each engine is computing or loading now (docs/routing.md).
 
 The index knows what an engine holds from its KV events, which arrive only as the engine
 computes. A sibling that arrives while the first request of its prefix is still being
@@ -6,13 +6,21 @@ prefilled would see no hit anywhere and could land on another engine, which then
 prefix a second time. `InFlightPrefixes` keeps, per engine, the prompts this router has sent
 there and not yet had answered; a new prompt sharing a prefix with one of them is scored as if
 the engine held that prefix (kvcache's `junction_point`: the resume point the shared tokens
-allow with every window kept, the prefill engines' default retention, docs/design.md §6). The
-engine computes the earlier request first, so by the time it admits the sibling the blocks
-are there. An entry lives only until the engine answers; from then on the events tell.
+allow with every window kept, the prefill engines' default retention, docs/design.md §6). A
+prefill engine computes the earlier request first, so by the time it admits the sibling the
+blocks are there. An entry lives only until the engine answers; from then on the events tell.
+
+A decode engine is different: its received blocks become hittable only when their transfer
+has completed (docs/design.md §7); a sibling arriving during the load attaches to it and waits
+for the same bytes, without a local hit. So the router holds a sibling it sends to a decode
+engine that is loading the sibling's prefix until that load's request is answered (`awaited`,
+bounded by `LOAD_WAIT_S`): the prefix then crosses the wire once and the sibling reuses it from
+the engine's cache, as every later sibling does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import TYPE_CHECKING
 
@@ -20,7 +28,9 @@ from relaykv.kvcache.lookup import junction_point
 
 if TYPE_CHECKING:
     from relaykv.router.index import EngineIndex
-    from relaykv.router.routing import Prompt
+    from relaykv.router.prompt import Prompt
+
+LOAD_WAIT_S = 10.0  # the longest a decode sibling waits for its prefix's load to be answered
 
 
 def shared_units(a: list[bytes], b: list[bytes]) -> int:
@@ -39,16 +49,18 @@ class InFlightPrefixes:
     """Per engine URL, the prompts this router has in flight there (see module docstring)."""
 
     def __init__(self) -> None:
-        self._by_engine: dict[str, dict[int, Prompt]] = {}
+        self._by_engine: dict[str, dict[int, tuple[Prompt, asyncio.Event]]] = {}
         self._ids = itertools.count()
 
     def begin(self, engine: str, prompt: Prompt) -> int:
         token = next(self._ids)
-        self._by_engine.setdefault(engine, {})[token] = prompt
+        self._by_engine.setdefault(engine, {})[token] = (prompt, asyncio.Event())
         return token
 
     def end(self, engine: str, token: int) -> None:
-        self._by_engine.get(engine, {}).pop(token, None)
+        entry = self._by_engine.get(engine, {}).pop(token, None)
+        if entry is not None:
+            entry[1].set()
 
     def count(self, engine: str) -> int:
         return len(self._by_engine.get(engine, ()))
@@ -58,13 +70,27 @@ class InFlightPrefixes:
         others = self._by_engine.get(engine)
         if not others:
             return 0
-        mine = prompt.request_for(index).hashes
-        best = 0
-        for other in others.values():
-            if other is prompt:
-                continue
-            theirs = other.request_for(index).hashes
-            shared = shared_units(mine.hashes, theirs.hashes) * mine.unit
-            if shared > best:
-                best = shared
+        best = max((shared for shared, _ in self._sharing(others, prompt, index)), default=0)
         return junction_point(index.rules, best, cap) if best else 0
+
+    def awaited(self, engine: str, prompt: Prompt, index: EngineIndex) -> list[asyncio.Event]:
+        """The answers to wait for before sending `prompt` to decode engine `engine`: those of
+        the requests in flight there that share at least one of its full blocks."""
+        others = self._by_engine.get(engine)
+        if not others:
+            return []
+        block = max(rule.block_size for rule in index.rules)
+        return [done for shared, done in self._sharing(others, prompt, index) if shared >= block]
+
+    @staticmethod
+    def _sharing(
+        others: dict[int, tuple[Prompt, asyncio.Event]], prompt: Prompt, index: EngineIndex
+    ) -> list[tuple[int, asyncio.Event]]:
+        """(tokens shared with `prompt`, answered event) per other prompt in flight."""
+        mine = prompt.request_for(index).hashes
+        out = []
+        for other, done in others.values():
+            if other is not prompt:
+                theirs = other.request_for(index).hashes
+                out.append((shared_units(mine.hashes, theirs.hashes) * mine.unit, done))
+        return out

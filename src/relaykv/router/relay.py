@@ -195,6 +195,7 @@ class Router:
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
             tried.add(backend)
+            await self.routing.await_prefix_load(backend, prompt)
             # Until D answers (it has loaded the KV by then), siblings follow this prompt here.
             loading = self.routing.in_flight.begin(backend.url, prompt) if prompt else None
             try:

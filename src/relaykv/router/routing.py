@@ -18,22 +18,23 @@ template), one round trip; if that fails the request is routed on load alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from relaykv.kvcache import DEFAULT_PD_POLICY, CacheRequest, PDPolicy
+from relaykv.kvcache import DEFAULT_PD_POLICY, PDPolicy
 from relaykv.kvcache.hashing import PrefixChains
 from relaykv.router.backends import Backend, BackendPool
-from relaykv.router.holders import KeyHolders, PromptCounts
+from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
-from relaykv.router.pending import InFlightPrefixes
+from relaykv.router.pending import LOAD_WAIT_S, InFlightPrefixes
 from relaykv.router.policy import (
     CacheAwarePolicy,
     CacheAwareWeights,
@@ -41,41 +42,11 @@ from relaykv.router.policy import (
     RoutingPolicy,
     make_policy,
 )
+from relaykv.router.prompt import Prompt
 
 log = logging.getLogger(__name__)
 
 RECENT_DECISIONS = 1024  # per-request records kept for `GET /routing?recent=1`
-
-
-@dataclass(slots=True)
-class Prompt:
-    """A request's prompt tokens, hashed once per geometry and shared by its prefill and
-    decode decisions; `chains` is the router's memo of recently hashed prefixes."""
-
-    tokens: list[int]
-    salt: str | None = None
-    chains: PrefixChains | None = None
-    _requests: dict[Any, CacheRequest] = field(default_factory=dict)
-    _counts: dict[Any, PromptCounts] = field(default_factory=dict)
-
-    def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
-        """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
-        key = (index.geometry, group)
-        found = self._counts.get(key)
-        if found is None:
-            keys = self.request_for(index).keys(group)
-            found = self._counts[key] = PromptCounts(holders, group, keys)
-        return found
-
-    def request_for(self, index: EngineIndex) -> CacheRequest:
-        """One hashed request per geometry, shared by every engine that has it."""
-        key = index.geometry
-        req = self._requests.get(key)
-        if req is None:
-            req = self._requests[key] = index.request(
-                self.tokens, self.salt, chains=self.chains
-            )
-        return req
 
 
 @dataclass(slots=True)
@@ -119,6 +90,7 @@ class Routing:
         self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
         self.chains = PrefixChains()  # hash chains of recent prompts' shared prefixes
         self.in_flight = InFlightPrefixes()  # prompts sent to engines, not yet answered
+        self.prefix_waits = 0  # decode sends held for a load of the same prefix
         self._tokenizer: Any = None
         self._tokenizer_info: dict[str, Any] | None = None
         self.recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
@@ -248,6 +220,25 @@ class Routing:
             self.peak_load_ratio[pool.role] = max(self.peak_load_ratio.get(pool.role, 0.0), ratio)
         return backends[choice]
 
+    async def await_prefix_load(self, backend: Backend, prompt: Prompt | None) -> None:
+        """Before a decode engine takes `prompt`: wait (bounded) for its loads in flight of
+        the same prefix to be answered, unless its index already holds as much
+        (router/pending.py)."""
+        t = self.tracker(backend)
+        index = t.index
+        if prompt is None or index is None or t.subscriber is None:
+            return
+        waits = self.in_flight.awaited(backend.url, prompt, index)
+        if not waits:
+            return
+        req = prompt.request_for(index)
+        cap = index.resume_cap(req)
+        if index.usable_hit(req) >= self.in_flight.hit(backend.url, prompt, index, cap):
+            return
+        self.prefix_waits += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in waits)), LOAD_WAIT_S)
+
     # -- background ----------------------------------------------------------------------
     async def refresh(self, client: httpx.AsyncClient, pools: list[BackendPool]) -> None:
         backends = [b for pool in pools for b in pool.backends]
@@ -355,6 +346,7 @@ class Routing:
             "mode": self.mode,
             **({"recent": [asdict(d) for d in self.recent]} if recent else {}),
             "peak_load_ratio": self.peak_load_ratio,
+            "prefix_waits": self.prefix_waits,
             "engines": {
                 url: {
                     "indexed_blocks": t.index.num_blocks if t.index else None,
