@@ -11,7 +11,7 @@ import pytest
 from relaykv.kvcache import CacheRole, KVCacheManager
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.pending import InFlightPrefixes, shared_units
+from relaykv.router.pending import LOAD_WAIT_S, InFlightPrefixes, shared_units
 from relaykv.router.routing import Prompt, Routing
 from tests.kvcache.conftest import Driver, geometry, tokens
 
@@ -106,3 +106,18 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
 
     assert asyncio.run(scenario()) == ["unrelated sent", "first answered", "sibling sent"]
     assert routing.prefix_waits == 1
+
+
+def test_an_entry_never_ended_expires() -> None:
+    # A stream the client never read leaves no permanent wait or phantom hit behind.
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    now = [0.0]
+    pending = InFlightPrefixes(clock=lambda: now[0])
+    index = EngineIndex(geo, "decode")
+    system = tokens(400)
+    a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
+    pending.begin("D", a)
+    assert pending.hit("D", b, index, 429) > 0 and len(pending.awaited("D", b, index)) == 1
+    now[0] = LOAD_WAIT_S + 1
+    assert pending.hit("D", b, index, 429) == 0 and pending.awaited("D", b, index) == []
+    assert pending.count("D") == 0

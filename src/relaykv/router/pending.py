@@ -13,15 +13,18 @@ blocks are there. An entry lives only until the engine answers; from then on the
 A decode engine is different: its received blocks become hittable only when their transfer
 has completed (docs/design.md §7); a sibling arriving during the load attaches to it and waits
 for the same bytes, without a local hit. So the router holds a sibling it sends to a decode
-engine that is loading the sibling's prefix until that load's request is answered (`awaited`,
-bounded by `LOAD_WAIT_S`): the prefix then crosses the wire once and the sibling reuses it from
-the engine's cache, as every later sibling does.
+engine that is loading the sibling's prefix until that load's request is answered (its first
+streamed bytes, which D sends after the load; `awaited`, bounded by `LOAD_WAIT_S`): the prefix
+then crosses the wire once and the sibling reuses it from the engine's cache, as every later
+sibling does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from relaykv.kvcache.lookup import junction_point
@@ -48,13 +51,14 @@ def shared_units(a: list[bytes], b: list[bytes]) -> int:
 class InFlightPrefixes:
     """Per engine URL, the prompts this router has in flight there (see module docstring)."""
 
-    def __init__(self) -> None:
-        self._by_engine: dict[str, dict[int, tuple[Prompt, asyncio.Event]]] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._by_engine: dict[str, dict[int, tuple[Prompt, asyncio.Event, float]]] = {}
         self._ids = itertools.count()
+        self._clock = clock
 
     def begin(self, engine: str, prompt: Prompt) -> int:
         token = next(self._ids)
-        self._by_engine.setdefault(engine, {})[token] = (prompt, asyncio.Event())
+        self._by_engine.setdefault(engine, {})[token] = (prompt, asyncio.Event(), self._clock())
         return token
 
     def end(self, engine: str, token: int) -> None:
@@ -82,15 +86,23 @@ class InFlightPrefixes:
         block = max(rule.block_size for rule in index.rules)
         return [done for shared, done in self._sharing(others, prompt, index) if shared >= block]
 
-    @staticmethod
     def _sharing(
-        others: dict[int, tuple[Prompt, asyncio.Event]], prompt: Prompt, index: EngineIndex
+        self,
+        others: dict[int, tuple[Prompt, asyncio.Event, float]],
+        prompt: Prompt,
+        index: EngineIndex,
     ) -> list[tuple[int, asyncio.Event]]:
-        """(tokens shared with `prompt`, answered event) per other prompt in flight."""
+        """(tokens shared with `prompt`, answered event) per other prompt in flight. An entry
+        older than `LOAD_WAIT_S` is dropped: whatever became of its request (a stream never
+        read), the engine's events tell by now."""
         mine = prompt.request_for(index).hashes
         out = []
-        for other, done in others.values():
-            if other is not prompt:
+        stale = self._clock() - LOAD_WAIT_S
+        for token, (other, done, started) in list(others.items()):
+            if started < stale:
+                del others[token]
+                done.set()
+            elif other is not prompt:
                 theirs = other.request_for(index).hashes
                 out.append((shared_units(mine.hashes, theirs.hashes) * mine.unit, done))
         return out

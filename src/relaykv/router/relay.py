@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -133,14 +133,13 @@ class Router:
             tried.add(backend)
             decision = self.routing.last_decision
             # Siblings arriving while P computes this prompt follow it there (router/pending.py).
-            computing = self.routing.in_flight.begin(backend.url, prompt) if prompt else None
+            computed = self.routing.loaded_callback(backend, prompt)
             try:
                 resp = await self._post(
                     self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
                 )
             finally:
-                if computing is not None:
-                    self.routing.in_flight.end(backend.url, computing)
+                computed()
             if resp is None:
                 self.stats.retries += 1
                 continue
@@ -197,15 +196,15 @@ class Router:
             tried.add(backend)
             await self.routing.await_prefix_load(backend, prompt)
             # Until D answers (it has loaded the KV by then), siblings follow this prompt here.
-            loading = self.routing.in_flight.begin(backend.url, prompt) if prompt else None
+            loaded = self.routing.loaded_callback(backend, prompt)
             try:
                 if not stream:
                     resp = await self._post(self.decode, backend, path, body, headers)
                 else:
                     opened = await self._open_stream(backend, path, body, headers)
             finally:
-                if loading is not None:
-                    self.routing.in_flight.end(backend.url, loading)
+                if not stream or opened is None or opened.status_code != 200:
+                    loaded()
             if not stream:
                 if resp is None:
                     self.stats.retries += 1
@@ -219,7 +218,7 @@ class Router:
                 await opened.aclose()
                 return _relay(opened)
             return StreamingResponse(
-                self._relay_stream(backend, opened), media_type="text/event-stream"
+                self._relay_stream(backend, opened, loaded), media_type="text/event-stream"
             )
         return _unavailable("decode")
 
@@ -250,13 +249,17 @@ class Router:
             backend.in_flight -= 1
         return resp
 
-    async def _relay_stream(self, backend: Backend, resp: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay_stream(
+        self, backend: Backend, resp: httpx.Response, loaded: Callable[[], None]
+    ) -> AsyncIterator[bytes]:
         """Pass D's SSE bytes through; a client that goes away closes D's stream too. Every
-        stream ends with `data: [DONE]`, a broken one after an in-band error event."""
+        stream ends with `data: [DONE]`, a broken one after an in-band error event. `loaded`
+        is called at D's first bytes (it has loaded the prompt's KV) or at the end."""
         tail = b""
         try:
             try:
                 async for chunk in resp.aiter_raw():
+                    loaded()
                     tail = (tail + chunk)[-64:]
                     yield chunk
             except httpx.HTTPError as exc:
@@ -270,6 +273,7 @@ class Router:
                     yield stream_error("the decode engine ended the stream early")
                 yield DONE_EVENT
         finally:
+            loaded()
             backend.in_flight -= 1
             self.in_flight -= 1
             await resp.aclose()

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -219,6 +220,13 @@ class Routing:
             ratio = (backends[choice].in_flight + 1) * len(pool.backends) / total
             self.peak_load_ratio[pool.role] = max(self.peak_load_ratio.get(pool.role, 0.0), ratio)
         return backends[choice]
+
+    def loaded_callback(self, backend: Backend, prompt: Prompt | None) -> Callable[[], None]:
+        """Mark `prompt` in flight on `backend`; the callback (idempotent) ends that."""
+        if prompt is None:
+            return lambda: None
+        token = self.in_flight.begin(backend.url, prompt)
+        return partial(self.in_flight.end, backend.url, token)
 
     async def await_prefix_load(self, backend: Backend, prompt: Prompt | None) -> None:
         """Before a decode engine takes `prompt`: wait (bounded) for its loads in flight of
