@@ -148,6 +148,7 @@ def run(shape: str, mode: str, args: argparse.Namespace, work: Path) -> dict[str
             "kv_mib_received": round(kv_bytes / 2**20, 1),
             "decode_decisions": decisions,
             "peak_load_ratio": routing.get("peak_load_ratio", {}),
+            "prefix_waits": routing.get("prefix_waits", 0),
             "prefill_losses": losses([d for d in records if d["role"] == "prefill"]),
             "decode_losses": losses([d for d in records if d["role"] == "decode"]),
             "requests": records,
