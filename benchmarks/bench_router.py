@@ -11,7 +11,9 @@ lookup over that engine's index, and let the cache-aware policy choose. Two prom
   shared prefix's hashes, the rest is hashed fresh.
 
 A request makes two decisions (prefill, then decode) on ONE hashed prompt (`Prompt` keeps it),
-so a request's routing costs the hash once plus both roles' scoring. The request has
+so a request's routing costs the hash once plus both roles' scoring. `hash-only ms` is the
+baseline, interleaved with the decisions: converting and hashing the whole prompt without the
+memo; `ratio` is a decision's time over it. The request has
 65,536 tokens; 8 engines each index 100,000 blocks (gpt-oss-like geometry: a full group with
 the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 of the prompt
 in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
