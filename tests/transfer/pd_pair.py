@@ -74,12 +74,13 @@ class PDPair:
             )
         )
 
-    def prefill(self, rid: str, prompt: list[int]) -> dict:
+    def prefill(self, rid: str, prompt: list[int], destination: str | None = None) -> dict:
+        """P's transfer parameters for `prompt` (a grant bound to `destination`, if given)."""
+        grant: dict = {"do_remote_decode": True}
+        if destination is not None:
+            grant["destination_engine_id"] = destination
         self.p.add_request(
-            rid,
-            prompt,
-            SamplingParams(max_tokens=8, temperature=0),
-            kv_transfer_params={"do_remote_decode": True},
+            rid, prompt, SamplingParams(max_tokens=8, temperature=0), kv_transfer_params=grant
         )
         params = None
         while self.p.has_unfinished():
