@@ -11,7 +11,7 @@ import pytest
 from relaykv.kvcache import CacheRole, KVCacheManager
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.pending import LOAD_WAIT_S, InFlightPrefixes, shared_units
+from relaykv.router.pending import LOAD_WAIT_S, InFlight, InFlightPrefixes, shared_units
 from relaykv.router.routing import Prompt, Routing
 from tests.kvcache.conftest import Driver, geometry, tokens
 
@@ -64,13 +64,14 @@ def test_a_sibling_follows_its_prefix_to_the_engine_computing_it() -> None:
     a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
     first = routing.pick(pool, set(), a)
     assert first is not None
-    token = routing.in_flight.begin(first.url, a)
-    first.in_flight += 1
-    # Nothing indexed anywhere yet; the engine computing the prefix still wins.
-    assert routing.pick(pool, set(), b) is first
-    assert routing.last_decision.scored_hit > 0
-    routing.in_flight.end(first.url, token)
-    first.in_flight -= 1
+    with routing.in_flight_on(first, a) as computing:
+        first.in_flight += 1
+        # Nothing indexed anywhere yet; the engine computing the prefix still wins.
+        assert routing.pick(pool, set(), b) is first
+        assert routing.last_decision.scored_hit > 0
+        first.in_flight -= 1
+        assert computing.note_answer({"usage": {"prompt_tokens_details": {"cached_tokens": 7}}})
+    assert routing.recent[0].cached_tokens == 7  # the record of `a`'s prefill decision
     assert routing.in_flight.count(first.url) == 0
     other = Prompt(tokens(430, seed=3))  # an unrelated prompt is judged on load and caches
     assert routing.in_flight.hit(first.url, other, routing.tracker(first).index, 400) == 0
@@ -89,23 +90,41 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
 
     async def scenario() -> list[str]:
         order: list[str] = []
-        token = routing.in_flight.begin(backend.url, a)
+        first = InFlight(routing.in_flight, backend.url, a)
+        second = InFlight(routing.in_flight, backend.url, b)
+        other = InFlight(routing.in_flight, backend.url, unrelated)
 
         async def sibling() -> None:
-            await routing.await_prefix_load(backend, b)
+            await routing.await_prefix_load(backend, b, second)
             order.append("sibling sent")
 
         task = asyncio.create_task(sibling())
-        await routing.await_prefix_load(backend, unrelated)  # shares nothing: no wait
+        await routing.await_prefix_load(backend, unrelated, other)  # shares nothing
         order.append("unrelated sent")
+        await routing.await_prefix_load(backend, a, first)  # never waits for a later one
+        order.append("first sent")
         await asyncio.sleep(0.05)
-        order.append("first answered")
-        routing.in_flight.end(backend.url, token)
+        order.append("first loaded")
+
+        async def stream():  # type: ignore[no-untyped-def]
+            yield b"data: 1"
+            order.append("stream went on")
+
+        with first:
+            chunks = first.until_first(stream())
+        assert not task.done()  # handed to the stream: ends at its first bytes, not here
+        assert await chunks.__anext__() == b"data: 1"
         await task
+        await chunks.aclose()
+        for entry in (second, other):
+            entry.done()
         return order
 
-    assert asyncio.run(scenario()) == ["unrelated sent", "first answered", "sibling sent"]
+    assert asyncio.run(scenario()) == [
+        "unrelated sent", "first sent", "first loaded", "sibling sent"
+    ]
     assert routing.prefix_waits == 1
+    assert routing.in_flight.count(backend.url) == 0
 
 
 def test_an_entry_never_ended_expires() -> None:

@@ -24,14 +24,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from relaykv.kvcache.lookup import junction_point
 
 if TYPE_CHECKING:
     from relaykv.router.index import EngineIndex
     from relaykv.router.prompt import Prompt
+    from relaykv.router.routing import Decision
 
 LOAD_WAIT_S = 10.0  # the longest a decode sibling waits for its prefix's load to be answered
 
@@ -77,20 +78,26 @@ class InFlightPrefixes:
         best = max((shared for shared, _ in self._sharing(others, prompt, index)), default=0)
         return junction_point(index.rules, best, cap) if best else 0
 
-    def awaited(self, engine: str, prompt: Prompt, index: EngineIndex) -> list[asyncio.Event]:
+    def awaited(
+        self, engine: str, prompt: Prompt, index: EngineIndex, before: int | None = None
+    ) -> list[asyncio.Event]:
         """The answers to wait for before sending `prompt` to decode engine `engine`: those of
-        the requests in flight there that share at least one of its full blocks."""
+        the requests in flight there that share at least one of its full blocks and (when
+        `before` is given) began before entry `before`, so two siblings never wait for each
+        other."""
         others = self._by_engine.get(engine)
         if not others:
             return []
         block = max(rule.block_size for rule in index.rules)
-        return [done for shared, done in self._sharing(others, prompt, index) if shared >= block]
+        sharing = self._sharing(others, prompt, index, before)
+        return [done for shared, done in sharing if shared >= block]
 
     def _sharing(
         self,
         others: dict[int, tuple[Prompt, asyncio.Event, float]],
         prompt: Prompt,
         index: EngineIndex,
+        before: int | None = None,
     ) -> list[tuple[int, asyncio.Event]]:
         """(tokens shared with `prompt`, answered event) per other prompt in flight. An entry
         older than `LOAD_WAIT_S` is dropped: whatever became of its request (a stream never
@@ -102,7 +109,59 @@ class InFlightPrefixes:
             if started < stale:
                 del others[token]
                 done.set()
-            elif other is not prompt:
+            elif other is not prompt and (before is None or token < before):
                 theirs = other.request_for(index).hashes
                 out.append((shared_units(mine.hashes, theirs.hashes) * mine.unit, done))
         return out
+
+
+class InFlight:
+    """One request's entry on one engine, as a context manager: `with` ends it on exit unless
+    `until_first` handed it to a stream, which ends it at the first bytes (a decode engine
+    streams only once the KV is loaded). `note_answer` records a prefill engine's own
+    `cached_tokens` in the routing decision (`GET /routing?recent=1`)."""
+
+    def __init__(
+        self,
+        prefixes: InFlightPrefixes,
+        engine: str,
+        prompt: Prompt | None,
+        decision: Decision | None = None,
+    ) -> None:
+        self.engine = engine
+        self.token = prefixes.begin(engine, prompt) if prompt is not None else None
+        self._prefixes = prefixes
+        self._decision = decision
+        self._handed_off = False
+
+    def done(self) -> None:
+        if self.token is not None:
+            self._prefixes.end(self.engine, self.token)
+
+    def __enter__(self) -> InFlight:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._handed_off:
+            self.done()
+
+    async def until_first(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        self._handed_off = True
+        try:
+            async for chunk in chunks:
+                self.done()
+                yield chunk
+        finally:
+            self.done()
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def note_answer(self, answer: Any) -> Any:
+        if self._decision is not None:
+            try:
+                cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            except (KeyError, TypeError):
+                cached = None
+            self._decision.cached_tokens = cached if type(cached) is int else None
+        return answer

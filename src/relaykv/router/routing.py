@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -35,7 +34,7 @@ from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
-from relaykv.router.pending import LOAD_WAIT_S, InFlightPrefixes
+from relaykv.router.pending import LOAD_WAIT_S, InFlight, InFlightPrefixes
 from relaykv.router.policy import (
     CacheAwarePolicy,
     CacheAwareWeights,
@@ -221,22 +220,22 @@ class Routing:
             self.peak_load_ratio[pool.role] = max(self.peak_load_ratio.get(pool.role, 0.0), ratio)
         return backends[choice]
 
-    def loaded_callback(self, backend: Backend, prompt: Prompt | None) -> Callable[[], None]:
-        """Mark `prompt` in flight on `backend`; the callback (idempotent) ends that."""
-        if prompt is None:
-            return lambda: None
-        token = self.in_flight.begin(backend.url, prompt)
-        return partial(self.in_flight.end, backend.url, token)
+    def in_flight_on(self, backend: Backend, prompt: Prompt | None) -> InFlight:
+        """`prompt`, just routed to `backend` (the latest `pick`), in flight there until the
+        engine answers (router/pending.py)."""
+        return InFlight(self.in_flight, backend.url, prompt, self.last_decision)
 
-    async def await_prefix_load(self, backend: Backend, prompt: Prompt | None) -> None:
-        """Before a decode engine takes `prompt`: wait (bounded) for its loads in flight of
-        the same prefix to be answered, unless its index already holds as much
-        (router/pending.py)."""
+    async def await_prefix_load(
+        self, backend: Backend, prompt: Prompt | None, entry: InFlight
+    ) -> None:
+        """Before a decode engine takes `prompt`: wait (bounded) for the loads of the same
+        prefix that went there before `entry` to be answered, unless its index already
+        holds as much (router/pending.py)."""
         t = self.tracker(backend)
         index = t.index
         if prompt is None or index is None or t.subscriber is None:
             return
-        waits = self.in_flight.awaited(backend.url, prompt, index)
+        waits = self.in_flight.awaited(backend.url, prompt, index, entry.token)
         if not waits:
             return
         req = prompt.request_for(index)
