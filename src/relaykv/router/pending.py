@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from relaykv.kvcache.lookup import junction_point
 
 if TYPE_CHECKING:
+    from relaykv.router.decision import Decision
     from relaykv.router.index import EngineIndex
     from relaykv.router.prompt import Prompt
-    from relaykv.router.routing import Decision
 
 LOAD_WAIT_S = 10.0  # the longest a decode sibling waits for its prefix's load to be answered
 

@@ -31,6 +31,7 @@ import httpx
 from relaykv.kvcache import DEFAULT_PD_POLICY, PDPolicy
 from relaykv.kvcache.hashing import PrefixChains
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.decision import Decision
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
@@ -47,19 +48,6 @@ from relaykv.router.prompt import Prompt
 log = logging.getLogger(__name__)
 
 RECENT_DECISIONS = 1024  # per-request records kept for `GET /routing?recent=1`
-
-
-@dataclass(slots=True)
-class Decision:
-    """One routing choice, kept in `Routing.recent` and shown by `GET /routing?recent=1`:
-    the per-request record that tells routing losses from cache losses (docs/routing.md)."""
-
-    role: str
-    engine: str
-    prefix: str  # the prompt's first block key (hex, 12 digits): equal prompts' heads match
-    prompt_tokens: int
-    scored_hit: int  # the usable hit the policy saw there (-1: only a bound was computed)
-    cached_tokens: int | None = None  # the engine's own report (prefill: its usage)
 
 
 @dataclass(eq=False)
