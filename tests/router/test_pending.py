@@ -140,3 +140,31 @@ def test_an_entry_never_ended_expires() -> None:
     now[0] = LOAD_WAIT_S + 1
     assert pending.hit("D", b, index, 429) == 0 and pending.awaited("D", b, index) == []
     assert pending.count("D") == 0
+
+
+def test_siblings_wait_for_the_first_load_not_for_each_other() -> None:
+    # A hot prefix: many siblings on one decode engine; each proceeds once any earlier one
+    # has loaded the prefix (no convoy), counted on the engine while it waits.
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    routing = Routing("cache-aware")
+    backend = BackendPool("decode", ["http://d0"]).backends[0]
+    t = routing.tracker(backend)
+    t.index, t.subscriber = EngineIndex(geo, "decode"), object()  # type: ignore[assignment]
+    system = tokens(400)
+    prompts = [Prompt(system + tokens(30, seed=i)) for i in range(4)]
+
+    async def scenario() -> None:
+        entries = [InFlight(routing.in_flight, backend.url, p) for p in prompts]
+        waiting = [
+            asyncio.create_task(routing.await_prefix_load(backend, p, e))
+            for p, e in zip(prompts[2:], entries[2:], strict=True)
+        ]
+        await asyncio.sleep(0.01)
+        assert backend.in_flight == 2 and not any(w.done() for w in waiting)
+        entries[0].done()  # the first load is answered; the second is still loading
+        await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
+        assert backend.in_flight == 0
+        for e in entries:
+            e.done()
+
+    asyncio.run(scenario())

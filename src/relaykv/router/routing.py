@@ -18,7 +18,6 @@ template), one round trip; if that fails the request is routed on load alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -231,8 +230,16 @@ class Routing:
         if index.usable_hit(req) >= self.in_flight.hit(backend.url, prompt, index, cap):
             return
         self.prefix_waits += 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in waits)), LOAD_WAIT_S)
+        # The first of them to load makes the shared prefix local (no convoy behind each
+        # one); the request counts on the engine meanwhile, so others spread.
+        tasks = [asyncio.ensure_future(w.wait()) for w in waits]
+        backend.in_flight += 1
+        try:
+            await asyncio.wait(tasks, timeout=LOAD_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            backend.in_flight -= 1
+            for task in tasks:
+                task.cancel()
 
     # -- background ----------------------------------------------------------------------
     async def refresh(self, client: httpx.AsyncClient, pools: list[BackendPool]) -> None:
