@@ -112,7 +112,8 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
 
         with first:
             chunks = first.until_first(stream())
-        assert not task.done()  # handed to the stream: ends at its first bytes, not here
+        await asyncio.sleep(0.02)
+        assert not task.done()  # handed to the stream: ends at its first bytes, not at exit
         assert await chunks.__anext__() == b"data: 1"
         await task
         await chunks.aclose()

@@ -24,8 +24,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from itertools import compress, repeat
+from itertools import compress
 from operator import itemgetter
+from typing import Any, cast
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
@@ -35,7 +36,8 @@ from relaykv.kvcache.request import CacheRequest, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention
 from relaykv.kvcache.stats import CacheStats
 
-_BLOCK = itemgetter(1)  # (index, block id) -> block id: 0 / None for a miss
+# (index, block id) -> block id: None for a miss.
+_BLOCK: Callable[[tuple[int, int | None]], Any] = itemgetter(1)
 
 Publishing = Callable[[CacheRequest, int], AbstractContextManager[object]]
 
@@ -263,15 +265,15 @@ def reusable_blocks(
     start, stop = held.start, min(held.stop, len(keys))
     if start >= stop:
         return {}
-    # Every step runs in C (a router scores decode engines with this): one probe per block,
-    # block ids are never 0 (the null block is never cached), so a miss's 0 filters out.
+    # Every step runs in C (a router scores decode engines with this): one probe per block;
+    # block ids are never 0 (the null block is never cached), so only a miss (None) is falsy.
     if rule.peek:
         # Block k is proven by block k+1 being held: the probe of k+1, one past the end.
-        found = list(map(gmap.get, keys[start : stop + 1], repeat(0)))
+        found = list(map(gmap.get, keys[start : stop + 1]))
         pairs = zip(range(start, stop), found, strict=False)  # found has one more
-        return dict(filter(_BLOCK, compress(pairs, found[1:])))
+        return cast(dict[int, int], dict(filter(_BLOCK, compress(pairs, found[1:]))))
     pairs = zip(range(start, stop), map(gmap.get, keys[start:stop]), strict=True)
-    return dict(filter(_BLOCK, pairs))
+    return cast(dict[int, int], dict(filter(_BLOCK, pairs)))
 
 
 def tokens_local_everywhere(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from relaykv.kvcache.lookup import junction_point
@@ -145,8 +145,13 @@ class InFlight:
         if not self._handed_off:
             self.done()
 
-    async def until_first(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    def until_first(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
+        """`chunks`, ending this entry at the first one (handed off now, not when the
+        stream starts: leaving `with` must not end it)."""
         self._handed_off = True
+        return self._ends_at_first(chunks)
+
+    async def _ends_at_first(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
         try:
             async for chunk in chunks:
                 self.done()
