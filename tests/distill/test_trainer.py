@@ -48,9 +48,14 @@ def test_a_distilled_draft_beats_a_random_one_and_stays_lossless(corpus, tmp_pat
     assert trained[1].mean_accepted_length > random[1].mean_accepted_length
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"candidates": 4, "unroll_weight": 0.5, "ce_weight": 0.3}],
+    ids=["full-vocabulary", "candidates-unrolled"],
+)
+def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path, changes) -> None:
     loaded, data = corpus
-    recipe = replace(RECIPE, token_budget=10 * 8 * 62)
+    recipe = replace(RECIPE, token_budget=10 * 8 * 62, **changes)
     straight = train_draft(loaded.model, recipe, data, tmp_path / "a.pt", progress=False)
 
     def stop_at(step: int) -> None:
