@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from relaykv.distill.corpus import collect_shard, load_shard, save_shard
-from relaykv.distill.data import build_corpus
+from relaykv.distill.data import build_corpus, split_validation
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.recipes import RECIPES
 from relaykv.model import load_model
@@ -83,3 +83,11 @@ def test_shards_round_trip_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert torch.equal(copy.tokens, first.tokens)
     torch.testing.assert_close(copy.hidden, first.hidden)  # bfloat16 on disk
     assert torch.equal(copy.labels, first.labels) and torch.equal(copy.cands, first.cands)
+
+
+def test_the_last_text_shard_is_held_out() -> None:
+    names = ["shard-0000", "text-0000", "text-0001", "text-0002"]
+    paths = [Path(f"/d/{n}.safetensors") for n in names]
+    train, held = split_validation(paths)
+    assert held == [paths[-1]] and train == paths[:-1]
+    assert split_validation(paths[:2]) == (paths[:2], [])  # one text shard: nothing held out

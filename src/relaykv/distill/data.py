@@ -121,5 +121,14 @@ def build_text(
     return paths
 
 
+def split_validation(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(training shards, validation shards): the last teacher-forced text shard is held
+    out, so the draft's top-1 agreement can be compared on seen and unseen text."""
+    text = [p for p in paths if p.name.startswith("text-")]
+    if len(text) < 2:
+        return paths, []
+    return [p for p in paths if p != text[-1]], [text[-1]]
+
+
 def load_corpus(paths: list[Path]) -> list[Shard]:
     return [load_shard(p) for p in paths]
