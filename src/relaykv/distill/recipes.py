@@ -60,7 +60,7 @@ RECIPES: dict[str, Recipe] = {
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=256,
+        num_prompts=192,
         prompt_tokens=8,
         gen_len=64,
         shard_prompts=64,
