@@ -121,21 +121,25 @@ class Router:
         refreshed = False
         while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
             tried.add(backend)
-            try:
-                destination = await destination_id(self.client, backend, headers)
-            except httpx.HTTPError as exc:  # D is down: found before P computes anything
-                self.decode.failed(backend, f"{exc.__class__.__name__}: {exc}")
-                self.stats.retries += 1
-                continue
-            backend.in_flight += 1  # counted from the choice, so concurrent choices spread
-            try:
-                transfer, error = await self._prefill(path, body, headers, prompt, destination)
-            finally:
-                backend.in_flight -= 1
-            if error is not None:
-                return error
-            decode_body = body.with_fields({"kv_transfer_params": transfer})
-            response = await self._decode_on(backend, path, decode_body, headers, body.stream)
+            with self.routing.in_flight_on(backend, prompt) as loading:  # router/pending.py
+                try:
+                    destination = await destination_id(self.client, backend, headers)
+                except httpx.HTTPError as exc:  # D is down: found before P computes anything
+                    self.decode.failed(backend, f"{exc.__class__.__name__}: {exc}")
+                    self.stats.retries += 1
+                    continue
+                backend.in_flight += 1  # counted from the choice, so concurrent choices spread
+                try:
+                    transfer, error = await self._prefill(path, body, headers, prompt, destination)
+                finally:
+                    backend.in_flight -= 1
+                if error is not None:
+                    return error
+                decode_body = body.with_fields({"kv_transfer_params": transfer})
+                await self.routing.await_prefix_load(backend, prompt, loading)
+                response = await self._decode_on(backend, path, decode_body, headers, body.stream)
+                if isinstance(response, StreamingResponse):
+                    response.body_iterator = loading.until_first(response.body_iterator)
             if response is None:
                 self.stats.retries += 1
                 continue
@@ -172,16 +176,17 @@ class Router:
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
-            resp = await self._post(
-                self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
-            )
+            with self.routing.in_flight_on(backend, prompt) as computing:
+                resp = await self._post(
+                    self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
+                )
             if resp is None:
                 self.stats.retries += 1
                 continue
             if resp.status_code != 200:
                 return None, _relay(resp)
             try:
-                params = resp.json().get("kv_transfer_params")
+                params = computing.note_answer(resp.json()).get("kv_transfer_params")
             except (ValueError, AttributeError):
                 params = None
             if not isinstance(params, dict) or not params.get("do_remote_prefill"):
@@ -378,8 +383,8 @@ def create_router_app(router: Router) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/routing")
-    async def routing() -> dict[str, Any]:
-        return router.routing.describe()
+    async def routing(recent: int = 0) -> dict[str, Any]:
+        return router.routing.describe(recent=bool(recent))
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:
