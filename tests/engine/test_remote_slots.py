@@ -3,8 +3,9 @@
 A stub connector stands in for the transport (a load ends when the test says so), so each
 check is exact: with `max_num_seqs=1` a loading request never keeps a local one out; a
 delivered load waits in `ready` with its blocks until the slot frees; when the pool runs
-short the running request yields (preemption by recompute) and everything still finishes;
-an abort in any queue returns every block (docs/pd.md, "Slot hygiene").
+short the running request yields (preemption by recompute) and everything still finishes; a
+delivered request preempted later is recomputed locally, never loaded again; an abort in any
+queue returns every block (docs/pd.md, "Slot hygiene").
 """
 
 from __future__ import annotations
@@ -113,6 +114,34 @@ def test_a_short_pool_preempts_and_everything_still_finishes() -> None:
     assert not sched.num_unfinished
     assert order == ["local", "remote", "local"] and sched.num_preemptions == 1
     assert sched.manager.pool.num_free == sched.manager.pool.num_usable
+
+
+def test_a_delivered_request_preempted_later_is_recomputed_here_not_loaded_again() -> None:
+    # Two slots, 15 usable blocks: the request that arrived with remote KV is the newest
+    # running one when the pool runs short, so it yields; P's grant is gone by then, so it
+    # comes back through a local lookup (its published prefix) rather than a second load.
+    manager = KVCacheManager(GEO, 16, max_model_len=256, max_in_flight_tokens=64, pd_role=True)
+    connector = StubConnector()
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2)
+    sched = Scheduler(config, manager, connector=connector)
+    sched.add(_request("local", 12, 12, remote=False))
+    _step(sched)
+    remote = _request("remote", 14, 8, remote=True)
+    sched.add(remote)
+    _step(sched)
+    started = list(connector.loads)
+    connector.finish("remote", ok=True)
+    preempted_at = None
+    for step in range(100):
+        if not sched.num_unfinished:
+            break
+        _step(sched)
+        if preempted_at is None and remote.num_preemptions:
+            preempted_at = step
+    assert started == ["remote"] and preempted_at is not None
+    assert not connector.loads  # no second load was started
+    assert remote.output_ids == [7] * 8 and remote.finish_reason is FinishReason.LENGTH
+    assert manager.pool.num_free == manager.pool.num_usable
 
 
 def test_aborts_in_every_queue_return_every_block() -> None:
