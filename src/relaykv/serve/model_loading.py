@@ -25,7 +25,12 @@ from relaykv.kvcache import Geometry
 from relaykv.serve.chat_template import ChatFormatter, find_chat_template
 from relaykv.serve.model_info import ModelInfo
 from relaykv.serve.options import EngineOptions, OptionError
-from relaykv.serve.tokenizer_export import ExportError, TokenizerExport, cached_export
+from relaykv.serve.tokenizer_export import (
+    EXPORT_FORMAT,
+    ExportError,
+    TokenizerExport,
+    cached_export,
+)
 
 log = logging.getLogger("relaykv.serve")
 
@@ -186,6 +191,7 @@ def serving_tokenizer_dir(loaded: Any, chat: ChatFormatter, progress: bool) -> s
         "source": str(source.resolve()) if source.exists() else loaded.source,
         "mtime": source.stat().st_mtime if source.is_file() else None,
         "relaykv": __version__,
+        "format": EXPORT_FORMAT,
         "template": chat.source.template if chat.source is not None else None,
         # The tokenizer's own content, so a fix in how relaykv builds it (e.g. Gemma's
         # newline tokens no longer special) rewrites a directory exported before.
