@@ -2,7 +2,18 @@
 
 One decision = the router's whole work for one request and one role: hash the prompt once
 (`Prompt.request_for`), compute the usable hit on every engine of the role with kvcache's
-lookup over that engine's index, and let the cache-aware policy choose. The request has
+lookup over that engine's index, and let the cache-aware policy choose. Two prompts:
+
+* `fresh`: a prompt the router has never seen (its memo of prefix hash chains emptied before
+  each decision, so every unit is hashed and the memo's bookkeeping is paid too);
+* `shared`: the request shares all but its last 1,024 tokens with recent requests (a system
+  prompt or a conversation's history): the memo (`kvcache.hashing.PrefixChains`) supplies the
+  shared prefix's hashes, the rest is hashed fresh.
+
+A request makes two decisions (prefill, then decode) on ONE hashed prompt (`Prompt` keeps it),
+so a request's routing costs the hash once plus both roles' scoring. `hash-only ms` is the
+baseline, interleaved with the decisions: converting and hashing the whole prompt without the
+memo; `ratio` is a decision's time over it. The request has
 65,536 tokens; 8 engines each index 100,000 blocks (gpt-oss-like geometry: a full group with
 the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 of the prompt
 in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
@@ -28,6 +39,8 @@ from relaykv.router.backends import BackendPool
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex
 from relaykv.router.routing import Prompt, Routing
+
+SHARED_TAIL = 1024  # tokens a `shared` prompt does not share with the previous ones
 
 
 def build_indexes(
@@ -72,7 +85,7 @@ def memory_per_block(blocks: int, decode: bool) -> float:
 
 
 def decisions_per_s(
-    role: str, args: argparse.Namespace, prompt: list[int]
+    role: str, args: argparse.Namespace, prompt: list[int], shared: bool
 ) -> tuple[float, float, float]:
     routing = Routing("cache-aware")
     indexes = build_indexes(role, args.engines, args.blocks, prompt, routing.holders)
@@ -84,11 +97,18 @@ def decisions_per_s(
         tracker.subscriber = object()  # type: ignore[assignment]  # "following its events"
     times, hash_times = [], []
     chosen = None
+    rng = random.Random(3)
+    head = prompt[: len(prompt) - SHARED_TAIL]
     for _ in range(args.repeat):
+        if shared:  # a new tail each time; the head is in the memo after the first decision
+            tokens = head + rng.choices(range(50_000), k=SHARED_TAIL)
+        else:
+            tokens = prompt
+            routing.chains.clear()
         # Interleaved with the baseline (hashing the prompt alone), so both see the same load
         # on a shared machine.
         t0 = time.perf_counter()
-        chosen = routing.pick(pool, set(), Prompt(prompt))
+        chosen = routing.pick(pool, set(), Prompt(tokens, chains=routing.chains))
         t1 = time.perf_counter()
         req = indexes[0].request(prompt)
         req.keys(0), req.keys(1)
@@ -113,10 +133,18 @@ def main() -> int:
         f"request, median of {args.repeat} (cpus: {os.cpu_count()})"
     )
     print(f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'role':<9} {'decisions/s':>12} {'ms/decision':>12} {'hash-only ms':>13} {'ratio':>6}")
-    for role in ("prefill", "decode"):
-        rate, ms, base = decisions_per_s(role, args, prompt)
-        print(f"{role:<9} {rate:>12,.0f} {ms:>12.2f} {base:>13.2f} {ms / base:>6.1f}")
+    print(
+        f"{'role':<9} {'prompt':<7} {'decisions/s':>12} {'ms/decision':>12} "
+        f"{'hash-only ms':>13} {'ratio':>6}"
+    )
+    for shared in (False, True):
+        for role in ("prefill", "decode"):
+            rate, ms, base = decisions_per_s(role, args, prompt, shared)
+            kind = "shared" if shared else "fresh"
+            print(
+                f"{role:<9} {kind:<7} {rate:>12,.0f} {ms:>12.2f} {base:>13.2f} "
+                f"{ms / base:>6.1f}"
+            )
     print(
         f"index memory per indexed block: {memory_per_block(200_000, False):.0f} bytes "
         f"(prefill engine), {memory_per_block(200_000, True):.0f} bytes (decode engine, with "

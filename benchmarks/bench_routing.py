@@ -37,6 +37,29 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def losses(records: list[dict]) -> dict[str, list[int]]:
+    """Where one role's hits went, from the router's per-request records in arrival order:
+    each request is classed by what its prefix's earlier requests did, `[requests, of which
+    hit]` per class. `first`: no earlier request with this prefix (nothing to hit anywhere);
+    `elsewhere`: earlier ones, none on the engine chosen (a routing loss); `after_1`: one
+    earlier on that engine (under `boundaries` retention its windows sit at its own replay
+    boundaries, so no hit, docs/design.md §6); `after_2+`: two or more (a miss here is a
+    sibling still in flight or an eviction). A hit is the engine's own report (prefill) or,
+    where the router has none (decode), the usable hit it scored."""
+    seen: dict[str, list[str]] = {}
+    out: dict[str, list[int]] = {k: [0, 0] for k in ("first", "elsewhere", "after_1", "after_2+")}
+    for r in records:
+        earlier = seen.setdefault(r["prefix"], [])
+        here = earlier.count(r["engine"])
+        cls = "first" if not earlier else "elsewhere" if not here else (
+            "after_1" if here == 1 else "after_2+")
+        out[cls][0] += 1
+        hit = r["cached_tokens"] if r.get("cached_tokens") is not None else r["scored_hit"]
+        out[cls][1] += int(hit > 0)
+        earlier.append(r["engine"])
+    return out
+
+
 def start_cluster(shape: str, mode: str, log_dir: Path, extra: list[str]) -> tuple:
     p, d = shape.split("x")
     cmd = [
@@ -111,8 +134,9 @@ def run(shape: str, mode: str, args: argparse.Namespace, work: Path) -> dict[str
             queries = sum(s["vllm:prefix_cache_queries"] for s in stats)
             share[role] = hits / queries if queries else 0.0
             kv_bytes += sum(s["relaykv:kv_bytes_received"] for s in stats)
-        routing = httpx.get(f"{info['router']}/routing", timeout=10).json()
+        routing = httpx.get(f"{info['router']}/routing?recent=1", timeout=10).json()
         decisions = [routing["engines"][u]["decisions"] for u in info["decode"]]
+        records = routing.get("recent", [])
         return {
             "shape": shape,
             "mode": mode,
@@ -124,6 +148,10 @@ def run(shape: str, mode: str, args: argparse.Namespace, work: Path) -> dict[str
             "kv_mib_received": round(kv_bytes / 2**20, 1),
             "decode_decisions": decisions,
             "peak_load_ratio": routing.get("peak_load_ratio", {}),
+            "prefix_waits": routing.get("prefix_waits", 0),
+            "prefill_losses": losses([d for d in records if d["role"] == "prefill"]),
+            "decode_losses": losses([d for d in records if d["role"] == "decode"]),
+            "requests": records,
         }
     finally:
         os.killpg(proc.pid, signal.SIGINT)
@@ -148,7 +176,8 @@ def main() -> int:
     for shape in args.shapes.split(","):
         for mode in args.modes.split(","):
             row = run(shape, mode, args, work)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "requests"}),
+                  flush=True)
             rows.append(row)
     print(
         "\n| cluster | routing | prefill hit share | decode hit share | mean TTFT ms | "

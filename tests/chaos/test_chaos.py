@@ -26,7 +26,10 @@ pytestmark = pytest.mark.slow
 API_KEY = "chaos-api-key-" + "7" * 20
 ENGINE_ARGS = ["--num-prefill", "2", "--num-decode", "2", "--num-blocks", "400",
                "--max-model-len", "1024", "--kv-transfer-timeout", "4", "--prefill-timeout", "4",
-               "--max-restarts", "10", "--drain-timeout", "60"]
+               "--max-restarts", "10", "--drain-timeout", "60",
+               # grants the tests take from P and never let D read are freed at lease
+               # expiry; a short lease keeps each check's settling short (CI time)
+               "--kv-lease-seconds", "8"]
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 
@@ -66,16 +69,18 @@ def _unchanged(up: UpCluster) -> None:
     assert up.leaked_shm() == []
 
 
-def _grant(up: UpCluster, prompt: list[int]) -> dict:
+def _grant(up: UpCluster, prompt: list[int], destination: str | None = None) -> dict:
+    kv: dict = {"do_remote_decode": True}
+    if destination is not None:
+        kv["destination_engine_id"] = destination
     resp = httpx.post(f"{up.info['prefill'][0]}/v1/completions", headers=AUTH, timeout=30, json={
-        "model": "tiny-hybrid", "prompt": prompt, "max_tokens": 4,
-        "kv_transfer_params": {"do_remote_decode": True}})
+        "model": "tiny-hybrid", "prompt": prompt, "max_tokens": 4, "kv_transfer_params": kv})
     assert resp.status_code == 200, resp.text
     return resp.json()["kv_transfer_params"]
 
 
-def _decode_with(up: UpCluster, prompt: list[int], params: dict) -> httpx.Response:
-    return httpx.post(f"{up.info['decode'][0]}/v1/completions", headers=AUTH, timeout=30, json={
+def _decode_with(up: UpCluster, prompt: list[int], params: dict, d: int = 0) -> httpx.Response:
+    return httpx.post(f"{up.info['decode'][d]}/v1/completions", headers=AUTH, timeout=30, json={
         "model": "tiny-hybrid", "prompt": prompt, "max_tokens": 4, "kv_transfer_params": params})
 
 
@@ -87,6 +92,13 @@ def test_forged_and_misapplied_grants_are_refused(cluster: UpCluster) -> None:
     forged = {**grant, "remote_block_ids": [[[0, 1]] for _ in grant["remote_block_ids"]]}
     resp = _decode_with(cluster, a, forged)
     assert resp.status_code == 400 and "not signed" in resp.json()["error"]["message"]
+    # a grant for one decode engine (as the router asks for it) presented to the other
+    first = httpx.get(f"{cluster.info['decode'][0]}/v1/kv_cache_info", headers=AUTH,
+                      timeout=10).json()["engine_id"]
+    bound = _grant(cluster, a, destination=first)
+    resp = _decode_with(cluster, a, bound, d=1)
+    assert resp.status_code == 400 and "issued for engine" in resp.json()["error"]["message"]
+    assert _decode_with(cluster, a, bound, d=0).status_code == 200
     _unchanged(cluster)
 
 

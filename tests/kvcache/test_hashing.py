@@ -7,7 +7,13 @@ from array import array
 
 import numpy as np
 
-from relaykv.kvcache.hashing import SEED_HASH, TokenHashes, chain_hashes, token_bytes
+from relaykv.kvcache.hashing import (
+    SEED_HASH,
+    PrefixChains,
+    TokenHashes,
+    chain_hashes,
+    token_bytes,
+)
 
 from .conftest import tokens
 
@@ -73,3 +79,48 @@ def test_hashes_are_identical_across_processes() -> None:
     h.extend(range(100))
     assert outs == {h.hashes[-1].hex() + "\n"}
     assert len(SEED_HASH) == 16
+
+
+def test_published_hash_values_are_pinned() -> None:
+    # Engines publish these keys in their KV events (docs/kv-events.md): a faster hashing
+    # loop must not change a single value. Computed by the original loop.
+    t = [(i * 7919) % 50000 for i in range(5000)]
+    salted, plain = TokenHashes(16, salt="tenant"), TokenHashes(16)
+    salted.extend(t)
+    plain.extend(t)
+    assert len(salted.hashes) == 312
+    assert salted.hashes[-1].hex() == "ca0eab5a4b1e7dc84c228bcaace06ca7"
+    assert plain.hashes[-1].hex() == "3aa60311042d9dacb36fc173d5547da6"
+
+
+def test_prefix_chains_equal_fresh_hashing() -> None:
+    rng = np.random.default_rng(5)
+    chains = PrefixChains(segment_units=4, max_segments=40)
+    shared = [int(x) for x in rng.integers(0, 50_000, 300)]
+    for trial in range(60):
+        cut = int(rng.integers(0, 300))
+        tail = [int(x) for x in rng.integers(0, 50_000, int(rng.integers(0, 90)))]
+        prompt = shared[:cut] + tail
+        salt = [None, "a", "b"][trial % 3]
+        unit = [8, 16][trial % 2]
+        memo = TokenHashes(unit, salt)
+        memo.extend(prompt, chains)
+        fresh = TokenHashes(unit, salt)
+        fresh.extend(prompt)
+        assert memo.hashes == fresh.hashes, (trial, cut, len(tail), salt, unit)
+        memo.extend(tail)  # later growth chains on as usual
+        fresh.extend(tail)
+        assert memo.hashes == fresh.hashes
+    assert chains.hits > 0 and chains.misses > 40 and len(chains) == 40  # some evicted
+
+
+def test_prefix_chains_keep_tenants_apart() -> None:
+    # A salt is part of what a segment's hashes are memoised under: another tenant's
+    # prompt with the same tokens never gets the first tenant's hashes.
+    t = tokens(256, seed=9)
+    chains = PrefixChains(segment_units=2)
+    a, b = TokenHashes(16, "a"), TokenHashes(16, "b")
+    a.extend(t, chains)
+    b.extend(t, chains)
+    assert not set(a.hashes) & set(b.hashes)
+    assert chains.hits == 0

@@ -73,7 +73,7 @@ class BrokenStream(Engines):
         self.how = how
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = json.loads(request.content) if request.content else {}
         if not body.get("stream"):
             return super().__call__(request)
 
@@ -110,6 +110,8 @@ async def test_client_disconnect_cancels_the_engine_call() -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def hung_prefill(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/kv_cache_info":  # D's engine id (router/destinations.py)
+            return httpx.Response(200, json={"engine_id": "d1"})
         started.set()
         try:
             await asyncio.sleep(30)

@@ -3,6 +3,7 @@ misbehaving readers, release/expiry in the middle of a transfer, forged sinks.""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 
@@ -56,9 +57,24 @@ def test_unreachable_peer_fails_fast(name: str) -> None:
     with transport.create_client(dst, LAYOUT, engine_id="D", options=OPTIONS) as client:
         nobody = KVSourceDescriptor("ghost", name, "127.0.0.1", free_port(), LAYOUT.to_wire())
         start = time.monotonic()
-        with pytest.raises(PeerUnreachable, match="could not connect"):
+        with pytest.raises(PeerUnreachable, match=r"could not connect|refused the connection"):
             client.read(nobody, "r", [PageCopy(0, 1, 2, 8192)], timeout_s=0.8)
         assert time.monotonic() - start < 2.0
+        client.check_invariants()
+
+
+@pytest.mark.parametrize("name", transport_params())
+def test_a_refused_connection_fails_before_the_connect_deadline(name: str) -> None:
+    """A dead P (nothing listens on its port) fails a read at once, not after the connect
+    timeout (a hung P, which accepts connections, is what that deadline is for)."""
+    transport = get_transport(name)
+    dst = np.zeros((LAYOUT.num_blocks, LAYOUT.block_bytes), dtype=np.uint8)
+    options = dataclasses.replace(OPTIONS, timeout_s=60.0, connect_timeout_s=60.0)
+    with transport.create_client(dst, LAYOUT, engine_id="D", options=options) as client:
+        nobody = KVSourceDescriptor("ghost", name, "127.0.0.1", free_port(), LAYOUT.to_wire())
+        with pytest.raises(PeerUnreachable, match="refused the connection") as info:
+            client.read(nobody, "r", [PageCopy(0, 1, 2, 8192)])
+        assert info.value.dst_quiesced  # nothing was sent: no quarantine needed
         client.check_invariants()
 
 

@@ -7,12 +7,15 @@ import random
 
 import pytest
 
-from relaykv.engine import InvalidRequest, SamplingParams
-from relaykv.kvcache import Geometry, GroupSpec
+from relaykv.engine import InvalidRequest, LLMEngine, SamplingParams
+from relaykv.kvcache import Geometry, GroupSpec, assert_consistent
+from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.grant import GrantSigner
+from relaykv.transfer.transport import get_transport
+from tests.waiting import wait_until
 
 from ..engine.reference_executor import reference_generate
-from .pd_pair import PDPair
+from .pd_pair import PDPair, engine
 
 GEO = Geometry((GroupSpec("full", 4, draft=True), GroupSpec("sliding", 4, window=12)))
 
@@ -83,3 +86,52 @@ def test_expired_and_misdirected_params_are_refused(pair: PDPair) -> None:
              "issued for engine 'D-other'")
     short = prompt[:-1]
     _refused(pair, short, params, "120|90-token prompt")
+
+
+def test_a_grant_for_one_decode_engine_is_refused_by_another() -> None:
+    """The router names D in its request to P; P binds the signed grant to D. Another D
+    refuses it (400, nothing allocated); one that skips its own check is refused by P's
+    transfer server, recomputes, and cannot end the grant: the right D still reads it."""
+    pair = PDPair(GEO, "per-group", "tcp", lease_seconds=30.0)
+    other = engine(GEO, "decode", "per-group", 600)
+    other.attach_connector(PDConnector(
+        "decode", other.manager, get_transport("tcp"), other.executor.buffer,
+        engine_id="D-other", quarantine_seconds=0.2,
+    ))
+    try:
+        prompt = _tokens(140, 5)
+        params = pair.prefill("x", prompt, destination=pair.d.connector.engine_id)
+        assert params["destination_engine_id"] == pair.d.connector.engine_id
+        free = other.manager.pool.num_free
+        with pytest.raises(InvalidRequest, match="issued for engine") as info:
+            other.add_request("x", prompt, SamplingParams(max_tokens=4, temperature=0),
+                              kv_transfer_params=params)
+        assert info.value.field == "kv_transfer_params" and other.manager.pool.num_free == free
+
+        other.connector.validate = lambda *args: None  # a D that skips its own check
+        other.add_request("x", prompt, SamplingParams(max_tokens=4, temperature=0,
+                                                      ignore_eos=True), kv_transfer_params=params)
+        outs: list[int] = []
+        wait_until(lambda: _step_alone(other, pair, outs), what="the other D to finish")
+        assert outs == reference_generate(GEO, prompt, 4)  # recomputed from its own prompt
+        assert other.manager.stats.loads_failed == 1
+        assert pair.p.connector.server.stats()["refused"] == 1
+        assert other.manager.pool.num_free == other.manager.pool.num_usable
+
+        # its release did not end the grant: the engine it names still reads it
+        pair.decode("x", prompt, params, 4)
+        assert pair.run(timeout_s=30)["x"] == reference_generate(GEO, prompt, 4)
+        assert pair.d.manager.stats.loads_failed == 0
+        assert pair.p.manager.stats.lease_expiries == 0
+    finally:
+        other.connector.shutdown()
+        pair.close()
+
+
+def _step_alone(d: LLMEngine, pair: PDPair, outs: list[int]) -> bool:
+    for out in d.step():
+        outs.extend(out.new_token_ids)
+    pair.p.scheduler.settle_transfers()
+    assert_consistent(d.manager)
+    assert d.scheduler.check() == [] and d.connector.check() == []
+    return not d.has_unfinished()

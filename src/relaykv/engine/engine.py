@@ -19,7 +19,14 @@ from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestOutput
 from relaykv.engine.scheduler import Scheduler, SchedulerConfig
-from relaykv.kvcache import DEFAULT_PD_POLICY, CacheSizing, KVCacheManager, PDPolicy, Role
+from relaykv.kvcache import (
+    DEFAULT_PD_POLICY,
+    CacheSizing,
+    KVCacheManager,
+    PDPolicy,
+    Role,
+    parse_retention,
+)
 from relaykv.steps import InvalidRequest, SamplingParams, StepBatch
 
 
@@ -27,7 +34,7 @@ from relaykv.steps import InvalidRequest, SamplingParams, StepBatch
 class EngineConfig:
     num_blocks: int
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    retention: str = "boundaries"
+    retention: str = "auto"  # dense on a prefill engine, boundaries elsewhere (§6)
     enable_prefix_caching: bool = True
     role: Role = Role.COLOCATED
     pd_policy: PDPolicy = DEFAULT_PD_POLICY
@@ -59,7 +66,7 @@ class LLMEngine:
         self.manager = KVCacheManager(
             executor.geometry,
             config.num_blocks,
-            retention=config.retention,
+            retention=parse_retention(config.retention, executor.geometry.alignment, self.role),
             pd_policy=config.pd_policy,
             enable_caching=config.enable_prefix_caching,
             max_model_len=sched.max_model_len,

@@ -15,9 +15,13 @@ and sliding-window frees only ever use committed (processed) positions (§6).
 The cache side of every request goes through the lifecycle of `KVCacheManager` (docs/design.md
 §10): `add_request` on arrival, `admit` / `reserve` / `commit` / `preempt` while it runs here,
 `release` when it ends. On a decode engine (P/D) a request whose prompt KV comes from a
-prefill engine is admitted with `receive` and waits in WAITING_FOR_REMOTE_KV until
-`load_finished` delivers its load; it then resumes at N-1 (the last prompt token is recomputed
-for its logits).
+prefill engine starts its load with `receive` and waits in `loading`
+(WAITING_FOR_REMOTE_KV) until `load_finished` delivers it. A load holds its blocks but not a
+running slot: a hung or unreachable prefill engine must not keep local work out
+(`max_num_seqs` counts `running` only; the pool bounds loads, or `max_num_loads`). A delivered
+load waits in `ready`, still holding its blocks, until a running slot is free; it then
+resumes at N-1 (the last prompt token is recomputed for its logits) through `reserve`, like
+any running request (docs/pd.md, "Slot hygiene").
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
+from relaykv.engine.scheduler_check import scheduler_problems
 from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
 from relaykv.steps import SequenceOutput, SequenceWork
 
@@ -42,6 +47,9 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_model_len: int = 4096
     kv_load_failure: str = "recompute"  # on a decode engine: recompute locally, or fail
+    # Loads from prefill engines at once. None: no cap but the pool's blocks (as vLLM): a
+    # cap would let one hung prefill engine delay loads from the healthy ones.
+    max_num_loads: int | None = None
 
 
 @dataclass(slots=True)
@@ -70,7 +78,8 @@ class Scheduler:
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.loading: dict[str, Request] = {}
+        self.loading: dict[str, Request] = {}  # KV on its way: blocks held, no running slot
+        self.ready: deque[Request] = deque()  # KV arrived: blocks held, waiting for a slot
         self.finished_now: list[Request] = []  # finished outside a step (aborts, failures)
         self.num_preemptions = 0
 
@@ -86,10 +95,10 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.loading)
+        return len(self.waiting) + len(self.running) + len(self.loading) + len(self.ready)
 
     def abort(self, request_id: str) -> Request | None:
-        for req in [*self.running, *self.waiting, *self.loading.values()]:
+        for req in [*self.running, *self.waiting, *self.loading.values(), *self.ready]:
             if req.request_id == request_id:
                 self.finish(req, FinishReason.ABORT)
                 return req
@@ -103,6 +112,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.request_id in self.loading:
             del self.loading[req.request_id]
+        elif req in self.ready:
+            self.ready.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
             if req.is_remote_prefill and not req.admitted and self.connector is not None:
@@ -141,14 +152,32 @@ class Scheduler:
             if item is not None:
                 scheduled.append(item)
                 budget -= len(item.work.token_ids) + len(item.work.draft_token_ids)
-        while self.waiting and budget > 0:
-            if len(self.running) + len(self.loading) >= self.config.max_num_seqs:
+        # Loads delivered first: they already hold their blocks (docs/pd.md, "Slot hygiene").
+        while self.ready and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.ready.popleft()
+            req.state = RequestState.RUNNING
+            self.running.append(req)
+            item = self._schedule_running(req, budget)
+            if item is None:  # the pool is short: it yielded its own blocks (preempted)
                 break
-            req = self.waiting[0]
-            if req.is_remote_prefill:
+            scheduled.append(item)
+            budget -= len(item.work.token_ids)
+        # Then new requests in arrival order. A remote-prefill request only starts its load
+        # here (no running slot, no token budget); when loads are at their cap it is passed
+        # over, so local requests behind it still start.
+        i = 0
+        while i < len(self.waiting):
+            req = self.waiting[i]
+            if req.is_remote_prefill and not req.admitted:
+                cap = self.config.max_num_loads
+                if cap is not None and len(self.loading) >= cap:
+                    i += 1
+                    continue
                 if not self._admit_remote(req):
                     break
                 continue
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
             item = self._admit(req, budget)
             if item is None:
                 break
@@ -219,7 +248,7 @@ class Scheduler:
         if not req.admitted:
             req.num_cached_tokens = admission.start
         req.admitted = True
-        self.waiting.popleft()
+        self.waiting.remove(req)
         req.state = RequestState.RUNNING
         self.running.append(req)
         return ScheduledSequence(req, self._work(req, admission.num_tokens, []))
@@ -241,7 +270,7 @@ class Scheduler:
         load = self.manager.receive(req.cache)
         if load is None:
             return False
-        self.waiting.popleft()
+        self.waiting.remove(req)
         req.admitted = True
         req.load_start_time = time.monotonic()
         req.num_cached_tokens = load.local_tokens
@@ -278,10 +307,11 @@ class Scheduler:
             self.metrics.kv_transfer.observe(time.monotonic() - req.load_start_time)
         assert req.cache is not None
         if load.ok:
-            # Full-prompt rule: recompute the last prompt token for its logits (§7).
+            # Full-prompt rule: recompute the last prompt token for its logits (§7), once a
+            # running slot is free (schedule()).
             req.num_computed_tokens = req.num_prompt_tokens - 1
-            req.state = RequestState.RUNNING
-            self.running.append(req)
+            req.state = RequestState.WAITING
+            self.ready.append(req)
             return
         if self.config.kv_load_failure == "fail":
             self.loading[req.request_id] = req  # so finish() finds it
@@ -302,32 +332,15 @@ class Scheduler:
 
     def check(self) -> list[str]:
         """Violations of the scheduler's invariants (tests run this after every step)."""
-        problems = []
-        seen: dict[str, str] = {}
-        queues = (
-            ("waiting", list(self.waiting)),
-            ("running", self.running),
-            ("loading", list(self.loading.values())),
-        )
-        expected = {
-            "waiting": RequestState.WAITING,
-            "running": RequestState.RUNNING,
-            "loading": RequestState.WAITING_FOR_REMOTE_KV,
+        queues = {
+            "waiting": self.waiting,
+            "running": self.running,
+            "loading": self.loading.values(),
+            "ready": self.ready,
         }
-        for name, reqs in queues:
-            for req in reqs:
-                if req.request_id in seen:
-                    problems.append(f"{req.request_id} is in {seen[req.request_id]} and {name}")
-                seen[req.request_id] = name
-                if req.state is not expected[name]:
-                    problems.append(f"{req.request_id} in {name} has state {req.state.value}")
-                if req.cache is None or req.cache.request_id not in self.manager.requests:
-                    problems.append(f"{req.request_id} in {name} has no cache record")
-                elif name == "running" and req.num_computed_tokens > req.num_tokens:
-                    problems.append(f"{req.request_id} computed past its tokens")
-        if len(self.running) + len(self.loading) > self.config.max_num_seqs:
-            problems.append("more requests admitted than max_num_seqs")
-        return problems
+        return scheduler_problems(
+            queues, self.manager, self.config.max_num_seqs, self.config.max_num_loads
+        )
 
     # -- after a step ------------------------------------------------------------------
     def update(

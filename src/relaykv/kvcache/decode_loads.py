@@ -24,6 +24,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from itertools import compress
+from operator import itemgetter
+from typing import Any, cast
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
@@ -32,6 +35,9 @@ from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
 from relaykv.kvcache.request import CacheRequest, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention
 from relaykv.kvcache.stats import CacheStats
+
+# (index, block id) -> block id: None for a miss.
+_BLOCK: Callable[[tuple[int, int | None]], Any] = itemgetter(1)
 
 Publishing = Callable[[CacheRequest, int], AbstractContextManager[object]]
 
@@ -259,14 +265,15 @@ def reusable_blocks(
     start, stop = held.start, min(held.stop, len(keys))
     if start >= stop:
         return {}
-    # map() runs the probes in C (a router scores every decode engine with this).
-    found = map(gmap.get, keys[start:stop])
+    # Every step runs in C (a router scores decode engines with this): one probe per block;
+    # block ids are never 0 (the null block is never cached), so only a miss (None) is falsy.
     if rule.peek:
-        proven = map(gmap.__contains__, keys[start + 1 : stop + 1])  # one short at the end
-        return {
-            k: b for k, b, ok in zip(range(start, stop), found, proven, strict=False) if ok and b
-        }
-    return {k: b for k, b in zip(range(start, stop), found, strict=True) if b is not None}
+        # Block k is proven by block k+1 being held: the probe of k+1, one past the end.
+        found = list(map(gmap.get, keys[start : stop + 1]))
+        pairs = zip(range(start, stop), found, strict=False)  # found has one more
+        return cast(dict[int, int], dict(filter(_BLOCK, compress(pairs, found[1:]))))
+    pairs = zip(range(start, stop), map(gmap.get, keys[start:stop]), strict=True)
+    return cast(dict[int, int], dict(filter(_BLOCK, pairs)))
 
 
 def tokens_local_everywhere(

@@ -9,6 +9,12 @@ collisions out of reach. Token ids are hashed as little-endian int32 whatever th
 `extra_k` carries the per-request cache salt on the first unit only, so tenants with
 different salts never share a prefix, and nothing else changes later units.
 
+`PrefixChains` memoises the chain of recently hashed prompt segments for a caller that hashes
+many prompts sharing prefixes (the router: requests sharing a system prompt share its chain).
+It returns exactly what `chain_hashes` returns: an entry is found by a digest of what the
+segment's hashes depend on (parent hash, salt bytes, the segment's token bytes) and used only
+when those bytes are equal, so a digest collision can cost a recomputation, never a wrong hash.
+
 Under `eagle_reuse=successor` (§4) draft groups key a block by `S(h_k, token after the unit)`,
 so the key itself proves the next token and no peek block is needed.
 """
@@ -16,6 +22,7 @@ so the key itself proves the next token and no peek block is needed.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -57,16 +64,73 @@ def chain_hashes(
     h = SEED_HASH if parent is None else parent
     out: list[bytes] = []
     append = out.append
+    start = 0
     if full and first_extra:
         h = _H(h + first_extra + data[:step])
         append(h)
         start = step
-    else:
-        start = 0
-    for i in range(start, full, step):
-        h = _H(h + data[i : i + step])
+    # The tightest pure-Python form (benchmarks/bench_router.py): slice every unit first,
+    # then one concatenation and one digest call per unit.
+    for chunk in [data[i : i + step] for i in range(start, full, step)]:
+        h = _H(h + chunk)
         append(h)
     return out
+
+
+class PrefixChains:
+    """A bounded LRU of unit-hash chains of prompt segments (see the module docstring).
+
+    A prompt's token bytes are cut into segments of `segment_units` hash units from unit 0;
+    each full segment's hashes are kept under (parent hash, salt bytes, segment bytes), so a
+    prompt that shares its first segments with a recent one reuses their hashes and hashes
+    only the rest. At most `max_segments` segments are kept (least recently used go first).
+    """
+
+    __slots__ = ("_entries", "hits", "max_segments", "misses", "segment_units")
+
+    def __init__(self, segment_units: int = 64, max_segments: int = 1024) -> None:
+        if segment_units < 1 or max_segments < 1:
+            raise ValueError("segment_units and max_segments must be >= 1")
+        self.segment_units = segment_units
+        self.max_segments = max_segments
+        self._entries: OrderedDict[bytes, tuple[bytes, list[bytes]]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def chain(self, data: bytes, unit: int, first_extra: bytes = b"") -> list[bytes]:
+        """`chain_hashes(data, unit, None, first_extra)`, reusing memoised segments."""
+        seg = self.segment_units * unit * 4
+        whole = len(data) - len(data) % seg
+        out: list[bytes] = []
+        parent = SEED_HASH
+        entries = self._entries
+        for start in range(0, whole, seg):
+            extra = first_extra if start == 0 else b""
+            material = parent + extra + data[start : start + seg]
+            digest = _H(material)
+            entry = entries.get(digest)
+            if entry is not None and entry[0] == material:
+                entries.move_to_end(digest)
+                hashes = entry[1]
+                self.hits += 1
+            else:
+                hashes = chain_hashes(data[start : start + seg], unit, parent, extra)
+                entries[digest] = (material, hashes)
+                if len(entries) > self.max_segments:
+                    entries.popitem(last=False)
+                self.misses += 1
+            out.extend(hashes)
+            parent = hashes[-1]
+        out.extend(
+            chain_hashes(data[whole:], unit, parent, first_extra if whole == 0 else b"")
+        )
+        return out
 
 
 def successor_key(unit_hash: bytes, next_token: int) -> bytes:
@@ -88,13 +152,21 @@ class TokenHashes:
         self.hashes: list[bytes] = []
         self._pending = b""
 
-    def extend(self, tokens: Sequence[int] | np.ndarray | array[int] | Iterable[int]) -> None:
+    def extend(
+        self,
+        tokens: Sequence[int] | np.ndarray | array[int] | Iterable[int],
+        chains: PrefixChains | None = None,
+    ) -> None:
+        """Hash the units `tokens` completes; `chains` memoises a prompt's first hashing."""
         if not isinstance(tokens, (np.ndarray, array, list, tuple)):
             tokens = list(tokens)
         data = self._pending + token_bytes(tokens)
-        parent = self.hashes[-1] if self.hashes else None
-        extra = self.salt_extra if not self.hashes else b""
-        new = chain_hashes(data, self.unit, parent, extra)
+        if chains is not None and not self.hashes and not self._pending:
+            new = chains.chain(data, self.unit, self.salt_extra)
+        else:
+            parent = self.hashes[-1] if self.hashes else None
+            extra = self.salt_extra if not self.hashes else b""
+            new = chain_hashes(data, self.unit, parent, extra)
         self.hashes.extend(new)
         self._pending = data[len(new) * self.unit * 4 :]
 

@@ -89,14 +89,16 @@ def find_longest_hit(
 
     junction = 0
     if proven_shared is not None and proven_shared > candidate:
-        junction = _junction(rules, proven_shared, cap)
+        junction = junction_point(rules, proven_shared, cap)
         if junction <= candidate:
             junction = 0
     return LocalHit(candidate, blocks, junction)
 
 
-def _junction(rules: tuple[GroupRules, ...], shared: int, cap: int) -> int:
-    """Largest aligned r <= cap whose needs (peek blocks included) lie inside `shared`."""
+def junction_point(rules: tuple[GroupRules, ...], shared: int, cap: int) -> int:
+    """Largest aligned r <= cap whose needs (peek blocks included) lie inside the first
+    `shared` tokens: where two prompts sharing `shared` tokens can resume from each other's
+    KV when every window is kept (the router's estimate for a prefix still being computed)."""
     limit = cap
     for rule in rules:
         limit = min(limit, rule.last_point_within(shared // rule.block_size))

@@ -9,6 +9,11 @@ can land on; which ones is the retention policy:
 | `boundaries` | the windows (+ peek) of the replay boundaries and shared-prefix junctions |
 | `interval:K` | `boundaries` plus the window at every multiple of K                       |
 
+An engine's default is `auto`: `dense` on a prefill engine, `boundaries` elsewhere. A first
+request cannot know where a later sibling will diverge from it, so under `boundaries` its
+windows sit only at its own replay boundaries and the second sibling on a prefill engine
+misses; a prefill engine serves nothing but prompts, so it keeps every window (§6).
+
 Replay boundaries. §6 gives them as `floor((N-1)/A)*A` (identical resend) and `floor(N/A)*A`
 (extension), each minus A under the EAGLE drop. We keep those AND the exact landing points
 computed from the same predicate as the lookup (`needed(r)` of every group against the blocks
@@ -24,8 +29,14 @@ from dataclasses import dataclass
 
 from relaykv.kvcache.geometry import Geometry
 from relaykv.kvcache.groups import GroupRules, rules_for
+from relaykv.kvcache.pd_config import Role
 
 RETENTION_HELP = "dense | boundaries | interval:K (K a multiple of the alignment)"
+AUTO_RETENTION = "auto"
+ENGINE_RETENTION_HELP = (
+    f"{AUTO_RETENTION} (default: dense on a prefill engine, boundaries elsewhere) | "
+    f"{RETENTION_HELP}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +50,16 @@ class Retention:
         return f"interval:{self.interval}" if self.kind == "interval" else self.kind
 
 
-def parse_retention(text: str, alignment: int) -> Retention:
-    """Parse `--retention`; K must be a positive multiple of the alignment A."""
+def default_retention(role: Role) -> str:
+    """What `auto` means for an engine of `role` (docs/design.md §6)."""
+    return "dense" if role is Role.PREFILL else "boundaries"
+
+
+def parse_retention(text: str, alignment: int, role: Role | None = None) -> Retention:
+    """Parse `--retention`; K must be a positive multiple of the alignment A. `auto` needs
+    the engine's `role`."""
+    if text == AUTO_RETENTION and role is not None:
+        text = default_retention(role)
     if text in ("dense", "boundaries"):
         return Retention(text)
     if text.startswith("interval:"):

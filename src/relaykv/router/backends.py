@@ -32,6 +32,7 @@ class Backend:
     last_error: str = ""  # why it is out of rotation now ("" while healthy)
     last_failure: str = ""  # the most recent failure, kept after recovery
     last_check: float = 0.0
+    engine_id: str | None = None  # its KV transfer identity, once known (destinations.py)
 
     def describe(self) -> dict[str, object]:
         age = round(time.monotonic() - self.last_check, 3) if self.last_check else None
@@ -45,6 +46,7 @@ class Backend:
             "last_error": self.last_error if not self.healthy else "",
             "last_failure": self.last_failure,
             "seconds_since_check": age,
+            "engine_id": self.engine_id,
         }
 
 
@@ -67,6 +69,7 @@ class BackendPool:
 
     def failed(self, backend: Backend, error: str) -> None:
         backend.healthy = False
+        backend.engine_id = None  # it may come back as another process
         backend.failures += 1
         backend.last_error = backend.last_failure = error
         log.warning("%s engine %s taken out of rotation: %s", self.role, backend.url, error)
@@ -96,5 +99,6 @@ class BackendPool:
             backend.last_error = error
             if not ok:
                 backend.last_failure = error
+                backend.engine_id = None
 
         await asyncio.gather(*(one(b) for b in self.backends))

@@ -39,6 +39,7 @@ from relaykv.kvcache import (
 )
 from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
 from relaykv.kvcache.groups import GroupRules
+from relaykv.kvcache.hashing import PrefixChains
 from relaykv.kvcache.lookup import find_longest_hit
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.router.holders import KeyHolders, PromptCounts
@@ -213,6 +214,14 @@ class EngineIndex:
             cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
         return find_longest_hit(req, self.rules, self, cap).tokens
 
+    def resume_cap(self, req: CacheRequest) -> int:
+        """The largest resume point this engine may use for `req` (the prefill cap on a
+        prefill engine, §7)."""
+        cap = req.num_prompt_tokens - 1
+        if self.role == "prefill":
+            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+        return max(0, cap)
+
     def hit_bound(
         self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
     ) -> int:
@@ -252,8 +261,15 @@ class EngineIndex:
         return max(0, bound)
 
     def request(
-        self, tokens: list[int], salt: str | None = None, request_id: str = "route"
+        self,
+        tokens: list[int],
+        salt: str | None = None,
+        request_id: str = "route",
+        chains: PrefixChains | None = None,
     ) -> CacheRequest:
-        """A cache request with this engine's hashing (share it among equal geometries)."""
+        """A cache request with this engine's hashing (share it among equal geometries);
+        `chains` memoises the hashes of prefixes recent prompts shared."""
         role = CacheRole.PREFILL if self.role == "prefill" else CacheRole.COLOCATED
-        return CacheRequest(request_id, tokens, self.rules, self.geometry.hash_unit, salt, role)
+        return CacheRequest(
+            request_id, tokens, self.rules, self.geometry.hash_unit, salt, role, chains
+        )

@@ -1,18 +1,19 @@
 """The P/D router: an OpenAI-compatible front for prefill and decode engines.
 
-A completion (or chat completion) goes to a prefill engine first, with
-`kv_transfer_params: {"do_remote_decode": true}` (P validates the client's max_tokens as D will,
-then generates one token); P computes the prompt, keeps the blocks the
-P/D plan names and answers where they are. The request then goes to a decode engine with P's
+A completion (or chat completion) goes to a prefill engine first, with `kv_transfer_params:
+{"do_remote_decode": true}` (P validates the client's max_tokens as D will, then generates one
+token); P computes the prompt, keeps the blocks the P/D plan names and answers where they are,
+in a grant signed for the decode engine the router chose first (`destination_engine_id`,
+`relaykv.router.destinations`). The request then goes to that decode engine with P's
 `kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
 router. Engines are chosen by `relaykv.router.routing` (`--routing`: cache-aware by default,
-docs/routing.md); an engine that cannot be reached or answers 5xx
-leaves the rotation and the request is retried on another one; when none is left the client
-gets a 503 with an OpenAI error body. Errors an engine returns for the request itself (4xx)
-go back to the client unchanged. Bodies travel as the client's own bytes with the fields a hop
-sets appended (`relaykv.router.body`), so the engines judge exactly what the client sent;
-every response is counted (`relaykv.router.metrics`). Limits, timeouts, disconnects and the
-drain: `relaykv.router.intake`, `.disconnect`, `.server` (docs/pd.md "Limits and timeouts").
+docs/routing.md); an engine that cannot be reached or answers 5xx leaves the rotation and the
+request is retried on another one; when none is left the client gets a 503 with an OpenAI error
+body. Errors an engine returns for the request itself (4xx) go back to the client unchanged.
+Bodies travel as the client's own bytes with the fields a hop sets appended
+(`relaykv.router.body`), so the engines judge exactly what the client sent; every response is
+counted (`relaykv.router.metrics`). Limits, timeouts, disconnects and the drain:
+`relaykv.router.intake`, `.disconnect`, `.server` (docs/pd.md "Limits and timeouts").
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from relaykv.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.body import ClientBody
+from relaykv.router.destinations import destination_id, refused_grant
 from relaykv.router.disconnect import ClientGone, unless_disconnected
 from relaykv.router.intake import IntakeLimits, read_body
 from relaykv.router.metrics import CountResponses, RouterStats, router_registry
@@ -90,14 +92,8 @@ class Router:
                 if prompt is None and self.client is not None and "messages" in body.data:
                     prompt = await unless_disconnected(request, self.routing.chat_prompt(
                         self.client, self.prefill, body.data, headers))
-                transfer, error = await unless_disconnected(
-                    request, self._prefill(path, body, headers, prompt)
-                )
-                if error is not None:
-                    return error
-                decode_body = body.with_fields({"kv_transfer_params": transfer})
                 response = await unless_disconnected(
-                    request, self._decode(path, decode_body, headers, body.stream, prompt)
+                    request, self._prefill_and_decode(path, body, headers, prompt)
                 )
             except ClientGone:
                 return Response(status_code=499)  # nginx's "client closed request"
@@ -114,33 +110,83 @@ class Router:
         if auth != f"Bearer {self.api_key}":
             raise APIError(401, "missing or invalid API key", code="invalid_api_key")
 
-    async def _prefill(
+    async def _prefill_and_decode(
         self, path: str, body: ClientBody, headers: dict[str, str], prompt: Prompt | None
+    ) -> Response:
+        """Choose D, have P compute the prompt with a grant for D, then decode on D
+        (`relaykv.router.destinations`). A D that fails is not called again: the next D
+        needs a grant of its own, so P computes again (mostly a hit on its held blocks)."""
+        assert self.client is not None
+        tried: set[Backend] = set()
+        refreshed = False
+        while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
+            tried.add(backend)
+            with self.routing.in_flight_on(backend, prompt) as loading:  # router/pending.py
+                try:
+                    destination = await destination_id(self.client, backend, headers)
+                except httpx.HTTPError as exc:  # D is down: found before P computes anything
+                    self.decode.failed(backend, f"{exc.__class__.__name__}: {exc}")
+                    self.stats.retries += 1
+                    continue
+                backend.in_flight += 1  # counted from the choice, so concurrent choices spread
+                try:
+                    transfer, error = await self._prefill(path, body, headers, prompt, destination)
+                finally:
+                    backend.in_flight -= 1
+                if error is not None:
+                    return error
+                decode_body = body.with_fields({"kv_transfer_params": transfer})
+                await self.routing.await_prefix_load(backend, prompt, loading)
+                response = await self._decode_on(backend, path, decode_body, headers, body.stream)
+                if isinstance(response, StreamingResponse):
+                    response.body_iterator = loading.until_first(response.body_iterator)
+            if response is None:
+                self.stats.retries += 1
+                continue
+            if destination is not None and not refreshed and refused_grant(response):
+                # D may have restarted between two health checks (a new engine id): ask it
+                # again and retry once with a grant for the engine that is there now.
+                refreshed, backend.engine_id = True, None
+                with contextlib.suppress(httpx.HTTPError):
+                    if await destination_id(self.client, backend, headers) != destination:
+                        tried.discard(backend)
+                        continue
+            return response
+        return _unavailable("decode")
+
+    async def _prefill(
+        self,
+        path: str,
+        body: ClientBody,
+        headers: dict[str, str],
+        prompt: Prompt | None,
+        destination: str | None,
     ) -> tuple[dict[str, Any] | None, Response | None]:
-        """P computes the prompt; returns its transfer parameters or a response to relay.
+        """P computes the prompt; returns its transfer parameters (a grant bound to the
+        decode engine `destination`) or a response to relay.
 
         P gets the client's own max_tokens and min_tokens: it validates the request exactly
         as D will (and answers 400 before any compute for what D would refuse), then
         generates one token whatever max_tokens says (docs/pd.md)."""
-        overrides: dict[str, Any] = {
-            "stream": False,
-            "stream_options": None,
-            "kv_transfer_params": {"do_remote_decode": True},
-        }
+        grant: dict[str, Any] = {"do_remote_decode": True}
+        if destination is not None:
+            grant["destination_engine_id"] = destination
+        overrides = {"stream": False, "stream_options": None, "kv_transfer_params": grant}
         prefill_body = body.with_fields(overrides)
         tried: set[Backend] = set()
         while (backend := self.routing.pick(self.prefill, tried, prompt)) is not None:
             tried.add(backend)
-            resp = await self._post(
-                self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
-            )
+            with self.routing.in_flight_on(backend, prompt) as computing:
+                resp = await self._post(
+                    self.prefill, backend, path, prefill_body, headers, self.prefill_timeout
+                )
             if resp is None:
                 self.stats.retries += 1
                 continue
             if resp.status_code != 200:
                 return None, _relay(resp)
             try:
-                params = resp.json().get("kv_transfer_params")
+                params = computing.note_answer(resp.json()).get("kv_transfer_params")
             except (ValueError, AttributeError):
                 params = None
             if not isinstance(params, dict) or not params.get("do_remote_prefill"):
@@ -175,35 +221,23 @@ class Router:
             return None
         return resp
 
-    async def _decode(
-        self,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        stream: bool,
-        prompt: Prompt | None = None,
-    ) -> Response:
-        tried: set[Backend] = set()
-        while (backend := self.routing.pick(self.decode, tried, prompt)) is not None:
-            tried.add(backend)
-            if not stream:
-                resp = await self._post(self.decode, backend, path, body, headers)
-                if resp is None:
-                    self.stats.retries += 1
-                    continue
-                return _relay(resp)
-            opened = await self._open_stream(backend, path, body, headers)
-            if opened is None:
-                self.stats.retries += 1
-                continue
-            if opened.status_code != 200:
-                await opened.aread()
-                await opened.aclose()
-                return _relay(opened)
-            return StreamingResponse(
-                self._relay_stream(backend, opened), media_type="text/event-stream"
-            )
-        return _unavailable("decode")
+    async def _decode_on(
+        self, backend: Backend, path: str, body: bytes, headers: dict[str, str], stream: bool
+    ) -> Response | None:
+        """D's answer (streamed through), or None when D failed (out of rotation)."""
+        if not stream:
+            resp = await self._post(self.decode, backend, path, body, headers)
+            return None if resp is None else _relay(resp)
+        opened = await self._open_stream(backend, path, body, headers)
+        if opened is None:
+            return None
+        if opened.status_code != 200:
+            await opened.aread()
+            await opened.aclose()
+            return _relay(opened)
+        return StreamingResponse(
+            self._relay_stream(backend, opened), media_type="text/event-stream"
+        )
 
     async def _open_stream(
         self, backend: Backend, path: str, body: bytes, headers: dict
@@ -349,8 +383,8 @@ def create_router_app(router: Router) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/routing")
-    async def routing() -> dict[str, Any]:
-        return router.routing.describe()
+    async def routing(recent: int = 0) -> dict[str, Any]:
+        return router.routing.describe(recent=bool(recent))
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:

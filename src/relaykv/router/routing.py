@@ -19,18 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from relaykv.kvcache import DEFAULT_PD_POLICY, CacheRequest, PDPolicy
+from relaykv.kvcache import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.kvcache.hashing import PrefixChains
 from relaykv.router.backends import Backend, BackendPool
-from relaykv.router.holders import KeyHolders, PromptCounts
+from relaykv.router.decision import Decision
+from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.router.kv_subscriber import EventSubscriber
+from relaykv.router.pending import LOAD_WAIT_S, InFlight, InFlightPrefixes
 from relaykv.router.policy import (
     CacheAwarePolicy,
     CacheAwareWeights,
@@ -38,33 +42,11 @@ from relaykv.router.policy import (
     RoutingPolicy,
     make_policy,
 )
+from relaykv.router.prompt import Prompt
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class Prompt:
-    tokens: list[int]
-    salt: str | None = None
-    _requests: dict[Any, CacheRequest] = field(default_factory=dict)
-    _counts: dict[Any, PromptCounts] = field(default_factory=dict)
-
-    def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
-        """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
-        key = (index.geometry, group)
-        found = self._counts.get(key)
-        if found is None:
-            keys = self.request_for(index).keys(group)
-            found = self._counts[key] = PromptCounts(holders, group, keys)
-        return found
-
-    def request_for(self, index: EngineIndex) -> CacheRequest:
-        """One hashed request per geometry, shared by every engine that has it."""
-        key = index.geometry
-        req = self._requests.get(key)
-        if req is None:
-            req = self._requests[key] = index.request(self.tokens, self.salt)
-        return req
+RECENT_DECISIONS = 1024  # per-request records kept for `GET /routing?recent=1`
 
 
 @dataclass(eq=False)
@@ -93,8 +75,12 @@ class Routing:
         self.trackers: dict[str, EngineTracker] = {}
         self.peak_load_ratio: dict[str, float] = {}  # per role: max chosen load / mean load
         self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
+        self.chains = PrefixChains()  # hash chains of recent prompts' shared prefixes
+        self.in_flight = InFlightPrefixes()  # prompts sent to engines, not yet answered
+        self.prefix_waits = 0  # decode sends held for a load of the same prefix
         self._tokenizer: Any = None
         self._tokenizer_info: dict[str, Any] | None = None
+        self.recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
 
     def tracker(self, backend: Backend) -> EngineTracker:
         t = self.trackers.get(backend.url)
@@ -112,7 +98,7 @@ class Routing:
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
             raw = raw[0]
         if isinstance(raw, list) and raw and all(type(t) is int for t in raw):
-            return Prompt(raw, salt)
+            return Prompt(raw, salt, self.chains)
         if isinstance(raw, str) and raw and self._tokenizer is not None:
             try:
                 ids = self._tokenizer.encode(raw, add_special_tokens=True).ids
@@ -122,7 +108,7 @@ class Routing:
             bos = info.get("bos_token_id")
             if info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
                 ids = [bos, *ids]
-            return Prompt(list(ids), salt)
+            return Prompt(list(ids), salt, self.chains)
         return None
 
     async def chat_prompt(
@@ -149,7 +135,7 @@ class Routing:
         if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
             return None
         salt = body.get("cache_salt")
-        return Prompt(tokens, salt if isinstance(salt, str) else None)
+        return Prompt(tokens, salt if isinstance(salt, str) else None, self.chains)
 
     # -- choice ------------------------------------------------------------------------
     def pick(self, pool: BackendPool, tried: set[Backend], prompt: Prompt | None) -> Backend | None:
@@ -161,14 +147,19 @@ class Routing:
             policy = self.policies[pool.role] = make_policy(self.mode, self.weights)
         candidates = []
         indexes: list[EngineIndex | None] = []
+        pending: list[int] = []  # hits from prefixes in flight there (router/pending.py)
         for b in backends:
             t = self.tracker(b)
             index = t.index if prompt is not None and t.subscriber is not None else None
             indexes.append(index)
-            bound = 0
+            bound = computing = 0
             if prompt is not None and index is not None:
+                req = prompt.request_for(index)
                 counts = partial(prompt.counts, self.holders, index)
-                bound = index.hit_bound(prompt.request_for(index), counts)
+                bound = index.hit_bound(req, counts)
+                computing = self.in_flight.hit(b.url, prompt, index, index.resume_cap(req))
+                bound = max(bound, computing)
+            pending.append(computing)
             candidates.append(
                 Candidate(
                     hit_tokens=bound,
@@ -184,7 +175,7 @@ class Routing:
         def exact_hit(i: int) -> int:
             index = indexes[i]
             assert prompt is not None and index is not None
-            exact[i] = index.usable_hit(prompt.request_for(index))
+            exact[i] = max(index.usable_hit(prompt.request_for(index)), pending[i])
             return exact[i]
 
         if isinstance(policy, CacheAwarePolicy):
@@ -194,6 +185,20 @@ class Routing:
         t = self.tracker(backends[choice])
         t.decisions += 1
         t.hit_tokens += exact.get(choice, 0)
+        chosen_index = indexes[choice]
+        head = b""
+        if prompt is not None and chosen_index is not None:
+            keys = prompt.request_for(chosen_index).keys(0)
+            head = keys[0] if keys else b""
+        self.recent.append(
+            Decision(
+                pool.role,
+                backends[choice].url,
+                head.hex()[:12],
+                len(prompt.tokens) if prompt else 0,
+                exact.get(choice, -1 if candidates[choice].hit_tokens else 0),
+            )
+        )
         # Balance record: the chosen engine's in-flight count against the pool's mean, once
         # the pool has at least one request per engine in flight.
         total = sum(b.in_flight for b in pool.backends) + 1
@@ -201,6 +206,40 @@ class Routing:
             ratio = (backends[choice].in_flight + 1) * len(pool.backends) / total
             self.peak_load_ratio[pool.role] = max(self.peak_load_ratio.get(pool.role, 0.0), ratio)
         return backends[choice]
+
+    def in_flight_on(self, backend: Backend, prompt: Prompt | None) -> InFlight:
+        """`prompt`, just routed to `backend` (the latest `pick`), in flight there until the
+        engine answers (router/pending.py)."""
+        return InFlight(self.in_flight, backend.url, prompt, self.last_decision)
+
+    async def await_prefix_load(
+        self, backend: Backend, prompt: Prompt | None, entry: InFlight
+    ) -> None:
+        """Before a decode engine takes `prompt`: wait (bounded) for the loads of the same
+        prefix that went there before `entry` to be answered, unless its index already
+        holds as much (router/pending.py)."""
+        t = self.tracker(backend)
+        index = t.index
+        if prompt is None or index is None or t.subscriber is None:
+            return
+        waits = self.in_flight.awaited(backend.url, prompt, index, entry.token)
+        if not waits:
+            return
+        req = prompt.request_for(index)
+        cap = index.resume_cap(req)
+        if index.usable_hit(req) >= self.in_flight.hit(backend.url, prompt, index, cap):
+            return
+        self.prefix_waits += 1
+        # The first of them to load makes the shared prefix local (no convoy behind each
+        # one); the request counts on the engine meanwhile, so others spread.
+        tasks = [asyncio.ensure_future(w.wait()) for w in waits]
+        backend.in_flight += 1
+        try:
+            await asyncio.wait(tasks, timeout=LOAD_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            backend.in_flight -= 1
+            for task in tasks:
+                task.cancel()
 
     # -- background ----------------------------------------------------------------------
     async def refresh(self, client: httpx.AsyncClient, pools: list[BackendPool]) -> None:
@@ -299,10 +338,17 @@ class Routing:
                 await t.subscriber.stop()
                 t.subscriber = None
 
-    def describe(self) -> dict[str, Any]:
+    @property
+    def last_decision(self) -> Decision:
+        """The record of the latest `pick` (read it before the next await)."""
+        return self.recent[-1]
+
+    def describe(self, recent: bool = False) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            **({"recent": [asdict(d) for d in self.recent]} if recent else {}),
             "peak_load_ratio": self.peak_load_ratio,
+            "prefix_waits": self.prefix_waits,
             "engines": {
                 url: {
                     "indexed_blocks": t.index.num_blocks if t.index else None,

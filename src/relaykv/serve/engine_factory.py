@@ -103,7 +103,7 @@ def assemble_engine(
             "(build_engine(..., connector_factory=...), docs/serving.md)",
         )
     try:
-        retention = parse_retention(options.retention, geometry.alignment)
+        retention = parse_retention(options.retention, geometry.alignment, options.role)
     except ValueError as exc:
         raise OptionError("--retention", str(exc)) from None
     max_model_len = resolve_max_model_len(options, model)

@@ -95,7 +95,7 @@ def start_generation(
     """Check everything the engine would refuse (400) and return the output stream."""
     state.check_accepting()
     try:
-        state.engine.engine.validate(prompt_ids, params, kv_transfer_params)
+        state.engine.engine.validate(prompt_ids, params, kv_transfer_params, cache_salt)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), exc.field) from None
     return state.engine.generate(

@@ -2,7 +2,8 @@
 
 A router scores an engine with kvcache's own lookup over an index of the engine's blocks
 (docs/routing.md), so it needs the engine's cache geometry (groups, block sizes, windows,
-draft groups, EAGLE mode), its P/D role and policy, where its KV events are published, a
+draft groups, EAGLE mode), its P/D role and policy, where its KV events are published, its
+KV transfer `engine_id` (a router names it as a grant's destination, docs/security.md), a
 per-process `instance` id (a restarted engine has a new one, so its old index is dropped),
 and, at `/v1/kv_cache_info/tokenizer`, its tokenizer as `tokenizers` JSON (so text prompts
 hash to the same blocks). Both sit under `/v1`, behind the API key.
@@ -108,6 +109,8 @@ def install_kv_cache_info(
             "geometry": geometry_json(manager.geometry),
             "num_blocks": manager.pool.num_usable,
             "kv_events": publisher.describe() if publisher is not None else None,
+            # the KV transfer identity a router names as a grant's destination (P/D only)
+            "engine_id": getattr(served.engine.connector, "engine_id", None),
         }
 
     app.include_router(router)

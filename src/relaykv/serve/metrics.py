@@ -131,7 +131,7 @@ GAUGES: tuple[tuple[str, str, Read], ...] = (
     (
         "vllm:num_requests_waiting",
         "Requests waiting (for admission or for remote KV).",
-        lambda e: len(e.scheduler.waiting) + len(e.scheduler.loading),
+        lambda e: len(e.scheduler.waiting) + len(e.scheduler.loading) + len(e.scheduler.ready),
     ),
 )
 # (name, help, EngineMetrics attribute): vLLM's histograms with vLLM's buckets, then ours.

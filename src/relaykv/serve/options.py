@@ -23,7 +23,7 @@ from typing import Any
 
 from relaykv.engine import KV_LOAD_FAILURE_POLICIES
 from relaykv.kvcache import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
-from relaykv.kvcache.retention import RETENTION_HELP
+from relaykv.kvcache.retention import AUTO_RETENTION, ENGINE_RETENTION_HELP
 from relaykv.serve.sizes import format_bytes, parse_bytes
 
 DEFAULT_MODEL = "tiny-hybrid"
@@ -48,7 +48,7 @@ class EngineOptions:
     kv_cache_memory: int | None = None  # bytes; None with num_blocks None: the default
     num_blocks: int | None = None
     block_size: int = 16
-    retention: str = "boundaries"
+    retention: str = AUTO_RETENTION  # dense on a prefill engine, boundaries elsewhere
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     speculative_tokens: int = 0
@@ -176,7 +176,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
     cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    cache.add_argument("--retention", default="boundaries", help=RETENTION_HELP)
+    cache.add_argument("--retention", default=AUTO_RETENTION, help=ENGINE_RETENTION_HELP)
     cache.add_argument("--max-num-batched-tokens", type=int, default=2048)
     cache.add_argument("--max-num-seqs", type=int, default=64)
     cache.add_argument(

@@ -134,7 +134,7 @@ def _generate_request(
         body, max_tokens, logprobs, len(prompt_ids), state.served.max_model_len
     )
     try:
-        state.engine.engine.validate(prompt_ids, params, body.kv_transfer_params)
+        state.engine.engine.validate(prompt_ids, params, body.kv_transfer_params, body.cache_salt)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), exc.field) from None
     sampling = asdict(params)

@@ -43,7 +43,7 @@ class ClusterSpec:
     acceptance_rate: float = 0.7
     num_blocks: int = 10000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    retention: str = "boundaries"
+    retention: str = "auto"  # as `relaykv serve`: dense on prefill engines (docs/design.md §6)
     prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
     routing: str = "cache-aware"  # relaykv router's --routing
 

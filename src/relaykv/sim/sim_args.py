@@ -12,6 +12,7 @@ import re
 
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
+from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
 from relaykv.router.policy import ROUTING_MODES
 from relaykv.sim.cluster import ClusterSpec
 from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
@@ -98,7 +99,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="default: the longest prompt + output of the workload",
     )
-    g.add_argument("--retention", default="boundaries")
+    g.add_argument("--retention", default="auto", help=ENGINE_RETENTION_HELP)
     g.add_argument(
         "--routing",
         default="cache-aware",

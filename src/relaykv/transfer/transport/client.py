@@ -136,12 +136,12 @@ class TransferClient(ReaderIO):
     def release_remote(self, source: KVSourceDescriptor, request_id: str) -> None:
         """Tell `source` this reader will never read `request_id` (P may free it). Fire and
         forget: a lost message only means P frees at lease expiry instead."""
-        self._note(source, wire.Release(request_id))
+        self._note(source, wire.Release(request_id, self._engine_id))
 
     def keep_alive(self, source: KVSourceDescriptor, request_id: str) -> None:
         """Ask `source` to extend the lease of `request_id`: this reader still means to read
         it (the request waits for admission). Fire and forget, like `release_remote`."""
-        self._note(source, wire.KeepAlive(request_id))
+        self._note(source, wire.KeepAlive(request_id, self._engine_id))
 
     def _note(self, source: KVSourceDescriptor, message: msgspec.Struct) -> None:
         if self._closed:

@@ -25,6 +25,7 @@ from relaykv.transfer.transport import wire
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import (
     PeerLost,
+    PeerUnreachable,
     ShortTransferError,
     TransferError,
     error_from_code,
@@ -188,6 +189,21 @@ class ReaderIO:
                                 f"connection to {peer.endpoint} dropped during transfer "
                                 f"{tid[:8]} of {job.handle.request_id!r}"
                             ),
+                        )
+            elif event["event"] == zmq.EVENT_CONNECT_RETRIED and not peer.connected:
+                # The connection was refused: nothing listens there (a dead P; a restarted
+                # one holds none of the old grants). Reads not yet sent fail now, not at the
+                # connect deadline (a hung P accepts connections and is caught by that).
+                for tid in list(peer.jobs):
+                    job = self._jobs.get(tid)
+                    if job is not None and not job.sent:
+                        self._fail(
+                            job,
+                            PeerUnreachable(
+                                f"{peer.endpoint} refused the connection (engine "
+                                f"{job.handle.source.engine_id!r} is not running)"
+                            ),
+                            clean=True,  # no Read reached it: it writes nothing
                         )
 
     def _drain(self, peer: Peer) -> None:

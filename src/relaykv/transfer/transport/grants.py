@@ -94,10 +94,14 @@ class GrantTable:
             grant.revoked = True
             return self._cond.wait_for(lambda: grant.inflight == 0, timeout=wait_s)
 
-    def allowed(self, request_id: str) -> bool:
+    def allowed(self, request_id: str, reader: str | None = None) -> bool:
+        """The grant is live and, if it is bound to an engine and `reader` is given, bound
+        to `reader` (a release or keep-alive from another engine is ignored)."""
         with self._cond:
             grant = self._grants.get(request_id)
-            return grant is not None and grant.deadline > self.clock()
+            if grant is None or grant.deadline <= self.clock():
+                return False
+            return reader is None or grant.reader is None or grant.reader == reader
 
     def __len__(self) -> int:
         with self._cond:

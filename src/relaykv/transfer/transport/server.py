@@ -217,7 +217,7 @@ class TransferServer:
                 self._on_read(identity, msg)
                 continue
             if isinstance(msg, (wire.Release, wire.KeepAlive)):
-                if self.grants.allowed(msg.request_id):
+                if self.grants.allowed(msg.request_id, msg.reader):
                     kind = "released" if isinstance(msg, wire.Release) else "keepalive"
                     self._events.append(ServeEvent(kind, msg.request_id))
                 continue

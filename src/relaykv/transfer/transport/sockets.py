@@ -27,7 +27,8 @@ def bind_router(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int
 
 
 def connect_dealer(ctx: zmq.Context, endpoint: str, ipv6: bool) -> tuple[zmq.Socket, zmq.Socket]:
-    """D's DEALER to one serving endpoint, and its monitor (connect/disconnect events)."""
+    """D's DEALER to one serving endpoint, and its monitor (connected, disconnected, and
+    connection refused: a retry scheduled)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
@@ -35,6 +36,8 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, ipv6: bool) -> tuple[zmq.Soc
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_MESSAGE + (256 << 20))  # tcp page frames
     if ipv6:
         sock.setsockopt(zmq.IPV6, 1)
-    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    monitor = sock.get_monitor_socket(
+        zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    )
     sock.connect(endpoint)
     return sock, monitor

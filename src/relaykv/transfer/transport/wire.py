@@ -27,7 +27,9 @@ Conversation of one transfer (D's DEALER <-> P's ROUTER):
 Outside a transfer: D -> P Release(request_id) when D will never read a request's pages
 (it reused everything locally, or the request ended first), so P frees them before the
 lease runs out; D -> P KeepAlive(request_id) while a request still waits for admission on D,
-so P extends its lease instead of freeing pages D is about to read.
+so P extends its lease instead of freeing pages D is about to read. Both name the sender;
+P ignores them for a grant bound to another engine (a D holding a grant meant for another D
+cannot end it).
 """
 
 from __future__ import annotations
@@ -73,10 +75,12 @@ class Ack(msgspec.Struct, tag="ack", frozen=True):
 
 class Release(msgspec.Struct, tag="release", frozen=True):
     request_id: str
+    reader: str = ""  # D's engine id: only the engine a grant is bound to may end it
 
 
 class KeepAlive(msgspec.Struct, tag="keepalive", frozen=True):
     request_id: str
+    reader: str = ""
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
