@@ -1,4 +1,4 @@
-"""Run SGLang's `python -m sglang.bench_serving` where torch is the CPU build (docs/benchmarking.md).
+"""Run SGLang's `sglang.bench_serving` next to a CPU-only torch (docs/benchmarking.md).
 
 SGLang 0.5.23 imports `torchvision.transforms` at module level in its multimodal helpers
 (`sglang.srt.multimodal.internvl_utils`, reached from `import sglang`). PyPI's torchvision
