@@ -159,12 +159,18 @@ def test_sglang_generated_shared_prefix(serve_url, tokenizer_dir, tmp_path) -> N
            "--base-url", serve_url, "--model", "tiny-hybrid", "--tokenizer", tokenizer_dir,
            "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
            "--gsp-prompts-per-group", "4", "--gsp-system-prompt-len", "96",
-           "--gsp-question-len", "32", "--gsp-output-len", str(OUT), "--tokenize-prompt",
+           "--gsp-question-len", "32", "--gsp-output-len", str(OUT),
            "--max-concurrency", "4", "--output-details", "--disable-tqdm",
            "--output-file", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text().splitlines()[-1])
-    assert result["completed"] == N
-    assert result["output_lens"] == [OUT] * N
-    assert result["total_input_tokens"] == N * (96 + 32)
+    assert result["completed"] == N and not any(result["errors"])
+    assert result["output_lens"] == [OUT] * N  # SGLang reads usage.completion_tokens
+    # SGLang samples text prompts from get_vocab() (special ids and lone high bytes
+    # included) and decodes them, so a byte vocabulary gives longer prompts; its
+    # `--tokenize-prompt` (exact ids) works only with `--backend sglang`.
+    assert all(n >= 96 + 32 for n in result["input_lens"])
+    # SGLang skips chunks with empty text (a byte step that does not finish a UTF-8
+    # character), so it records at most one gap per token after the first.
+    assert all(len(gaps) <= OUT - 1 for gaps in result["itls"])
