@@ -56,7 +56,9 @@ REAL = DemoScale(
     # Gemma-3-270M as the engine groups it: 3 full layers + the EAGLE draft layer (group 0,
     # marked draft), 5 page-balanced sliding groups.
     ("--groups", "full:16," + ",".join(["sliding:16:512"] * 5), "--draft", "0"),
-    ("c1/output1:8",),
+    # 12 sequential requests: the link costs legacy ~30 ms of a ~1.5 s TTFT, so the mean
+    # needs enough requests to stand out of the A1/A2 spread (README, "Over a 10 Gbit/s link").
+    ("c1/output1:12",),
 )
 
 
@@ -91,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) / time.strftime("%Y%m%d-%H%M%S")
     say(f"model {scale.model}; results in {out}")
 
-    say(f"1/2 what the cache predicts for {scale.model}'s geometry (relaykv cache-probe)")
+    steps = 3 if scale.link_groups else 2
+    say(f"1/{steps} what the cache predicts for {scale.model}'s geometry (relaykv cache-probe)")
     probe_len = str(scale.prefix_len + 16)  # the probe's x+a below
     relaykv(["cache-probe", *scale.geometry_flags, "--prompt-len", probe_len])
 
-    steps = 3 if scale.link_groups else 2
     say(f"2/{steps} A/B/A: legacy vs per-group on fresh local P/D clusters (shm), probe first")
     code = relaykv(_ab_argv(scale, out, scale.groups, "", probe=True))
     if code != 0:

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from relaykv.distill.corpus import collect_shard, load_shard, save_shard
-from relaykv.distill.data import build_corpus
+from relaykv.distill.data import build_corpus, split_validation
+from relaykv.distill.prefill import text_shard
 from relaykv.distill.recipes import RECIPES
 from relaykv.model import load_model
 from relaykv.model.forward_context import DenseContext
@@ -43,6 +44,27 @@ def test_recorded_hidden_states_match_a_dense_forward() -> None:
             greedy = torch.argmax(target.logits(dense), dim=-1)
         torch.testing.assert_close(shard.hidden[i, : n - 1], dense[: n - 1], atol=2e-4, rtol=1e-4)
         assert seq[len(prompt) :].tolist() == greedy[len(prompt) - 1 : n - 1].tolist()
+        # The recorded labels are the target's own choices at every position.
+        assert shard.labels[i, : n - 1].tolist() == greedy[: n - 1].tolist()
+        assert (shard.labels[i, n - 1 :] == -1).all()
+
+
+def test_a_text_shard_equals_a_dense_forward_and_labels_it() -> None:
+    loaded = load_model("tiny-hybrid")
+    target = loaded.model
+    gen = torch.Generator().manual_seed(4)
+    windows = torch.randint(3, 259, (11, 20), generator=gen).tolist()  # > one forward batch
+    shard = text_shard(target, windows, candidates=3)
+    assert shard.tokens.tolist() == windows and (shard.prompt_lens == 0).all()
+    with torch.no_grad():
+        dense = target(
+            torch.tensor(windows).flatten(),
+            DenseContext(target.build_rotaries(), 11, 20, torch.float32),
+        )
+        logits = target.logits(dense).view(11, 20, -1)[:, :19]
+    torch.testing.assert_close(shard.hidden, dense.view(11, 20, -1)[:, :19])
+    assert torch.equal(shard.labels, logits.argmax(-1))
+    assert torch.equal(shard.cands, logits.topk(3, dim=-1).indices)
 
 
 def test_shards_round_trip_and_a_rerun_resumes(tmp_path: Path) -> None:
@@ -60,3 +82,12 @@ def test_shards_round_trip_and_a_rerun_resumes(tmp_path: Path) -> None:
     copy = load_shard(tmp_path / "copy.safetensors")
     assert torch.equal(copy.tokens, first.tokens)
     torch.testing.assert_close(copy.hidden, first.hidden)  # bfloat16 on disk
+    assert torch.equal(copy.labels, first.labels) and torch.equal(copy.cands, first.cands)
+
+
+def test_the_last_text_shard_is_held_out() -> None:
+    names = ["shard-0000", "text-0000", "text-0001", "text-0002"]
+    paths = [Path(f"/d/{n}.safetensors") for n in names]
+    train, held = split_validation(paths)
+    assert held == [paths[-1]] and train == paths[:-1]
+    assert split_validation(paths[:2]) == (paths[:2], [])  # one text shard: nothing held out

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relaykv.distill.data import build_corpus, load_corpus
-from relaykv.distill.evaluate import measure_acceptance
+from relaykv.distill.evaluate import measure_acceptance, top1_agreement
 from relaykv.distill.heldout import held_out_prompts
 from relaykv.distill.recipes import RECIPES
 from relaykv.distill.trainer import stack_corpus, train_draft
@@ -46,11 +46,19 @@ def test_a_distilled_draft_beats_a_random_one_and_stays_lossless(corpus, tmp_pat
         assert result.equal_prompts == result.prompts  # speculation never changes greedy output
     assert trained[0].acceptance_rate > random[0].acceptance_rate + 0.2
     assert trained[1].mean_accepted_length > random[1].mean_accepted_length
+    # The cheap check agrees: the draft's argmax is the target's far more often.
+    agree = top1_agreement(loaded.model, draft, data)
+    assert agree > top1_agreement(loaded.model, random_draft(loaded.config, seed=1), data) + 0.2
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"candidates": 4, "unroll_weight": 0.5, "ce_weight": 0.3}],
+    ids=["full-vocabulary", "candidates-unrolled"],
+)
+def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path, changes) -> None:
     loaded, data = corpus
-    recipe = replace(RECIPE, token_budget=10 * 8 * 62)
+    recipe = replace(RECIPE, token_budget=10 * 8 * 62, **changes)
     straight = train_draft(loaded.model, recipe, data, tmp_path / "a.pt", progress=False)
 
     def stop_at(step: int) -> None:

@@ -66,8 +66,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: exists and is not a directory")
     import torch
 
-    from relaykv.distill.data import build_corpus, load_corpus
-    from relaykv.distill.evaluate import measure_acceptance
+    from relaykv.distill.data import build_corpus, load_corpus, split_validation
+    from relaykv.distill.evaluate import measure_acceptance, top1_agreement
     from relaykv.distill.heldout import held_out_prompts
     from relaykv.distill.trainer import stack_corpus, train_draft
     from relaykv.model import (
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         loaded = load_model(recipe.model)
     except PackageNotInstalled as exc:
         raise UsageError(f"--model: {exc}") from None
-    paths = build_corpus(recipe, loaded, out / "data", progress)
+    paths, validation = split_validation(build_corpus(recipe, loaded, out / "data", progress))
     corpus_s = time.monotonic() - started
     shards = load_corpus(paths)
     data = stack_corpus(shards)
@@ -102,7 +102,11 @@ def _run(args: argparse.Namespace) -> int:
         // len(data.tokens),
         "wall_s": round(time.monotonic() - started, 1),
         "corpus_wall_s": round(corpus_s, 1),
+        "train_top1": round(top1_agreement(loaded.model, draft, data), 4),
     }
+    if validation:
+        held = stack_corpus(load_corpus(validation))
+        report["held_out_top1"] = round(top1_agreement(loaded.model, draft, held), 4)
     if not args.no_eval:
         shipped = load_eagle_checkpoint(out, loaded.config)
         prompts = held_out_prompts(recipe, loaded)

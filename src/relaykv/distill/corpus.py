@@ -7,9 +7,12 @@ position. Prefix caching is off so that every position is computed, hence record
 a position computed twice (preemption) keeps its last value, which is the same.
 
 A shard is one safetensors file: `tokens [n, L]` (-1 padded), `lengths [n]`,
-`prompt_lens [n]` and `hidden [n, L - 1, H]` (hidden of position p, p < length - 1: the
-last token is sampled, never fed back). Shards are written whole under a temporary name
-and renamed, so an interrupted run resumes at the first missing shard.
+`prompt_lens [n]`, `hidden [n, L - 1, H]` (hidden of position p, p < length - 1: the
+last token is sampled, never fed back), and the target's own choice after each of those
+positions, `labels [n, L - 1]` (its argmax) with `cands [n, L - 1, C]` (its top C,
+`labels.label_hidden`). Shards are written whole under a temporary name and renamed, so
+an interrupted run resumes at the first missing shard. `prefill.text_shard` builds the
+same records from offline text in one forward pass.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from relaykv.distill.labels import label_hidden
 from relaykv.engine import EngineConfig, LLMEngine, SamplingParams, SchedulerConfig
 from relaykv.model import CausalLM, ModelRunner, SequenceWork, derive_layout
 
@@ -35,6 +39,8 @@ class Shard:
     lengths: torch.Tensor  # [n]
     prompt_lens: torch.Tensor  # [n]
     hidden: torch.Tensor  # [n, L - 1, H]
+    labels: torch.Tensor  # [n, L - 1] the target's argmax after position p (-1 past the end)
+    cands: torch.Tensor  # [n, L - 1, C] its top C (cands[..., 0] == labels)
 
     @property
     def num_tokens(self) -> int:
@@ -112,6 +118,7 @@ def collect_shard(
     eos: Sequence[int],
     concurrency: int = 32,
     on_step: Callable[[int], object] | None = None,
+    candidates: int = 1,
 ) -> Shard:
     """Greedy continuations of `prompts` and the target's hidden states along them."""
     max_len = max(len(p) for p in prompts) + gen_len
@@ -138,7 +145,25 @@ def collect_shard(
         tokens[i, : len(seq)] = torch.tensor(seq)
         lengths[i], prompt_lens[i] = len(seq), len(req.prompt_ids)
         hidden[i, : len(seq) - 1] = recorder.rows.pop(req.request_id)[: len(seq) - 1]
-    return Shard(tokens, lengths, prompt_lens, hidden)
+    return labelled_shard(target, tokens, lengths, prompt_lens, hidden, candidates)
+
+
+def labelled_shard(
+    target: CausalLM,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    hidden: torch.Tensor,
+    candidates: int,
+) -> Shard:
+    """A shard with the target's labels computed from `hidden` (float32, before storage)."""
+    n, width = hidden.shape[:2]
+    valid = torch.arange(width)[None, :] < (lengths[:, None] - 1)
+    labels = torch.full((n, width), -1, dtype=torch.long)
+    cands = torch.full((n, width, candidates), -1, dtype=torch.long)
+    picked, top = label_hidden(target, hidden[valid], candidates)
+    labels[valid], cands[valid] = picked, top
+    return Shard(tokens, lengths, prompt_lens, hidden, labels, cands)
 
 
 def save_shard(shard: Shard, path: Path) -> None:
@@ -149,6 +174,8 @@ def save_shard(shard: Shard, path: Path) -> None:
             "lengths": shard.lengths,
             "prompt_lens": shard.prompt_lens,
             "hidden": shard.hidden.to(torch.bfloat16),
+            "labels": shard.labels.to(torch.int32),
+            "cands": shard.cands.to(torch.int32),
         },
         str(scratch),
     )
@@ -157,4 +184,11 @@ def save_shard(shard: Shard, path: Path) -> None:
 
 def load_shard(path: Path) -> Shard:
     t = load_file(str(path))
-    return Shard(t["tokens"], t["lengths"], t["prompt_lens"], t["hidden"].float())
+    return Shard(
+        t["tokens"],
+        t["lengths"],
+        t["prompt_lens"],
+        t["hidden"].float(),
+        t["labels"].long(),
+        t["cands"].long(),
+    )

@@ -1,5 +1,10 @@
 """Acceptance of a draft on held-out prompts, measured on the real engine.
 
+`top1_agreement` is the cheap check beside it: on recorded positions (the target's own
+hidden state as input, as for the first draft of a step) how often the draft's argmax over
+the full vocabulary is the target's; on training and on held-out shards it shows whether
+the draft generalises or memorises.
+
 For each K the prompts are generated greedily by `LLMEngine` over a `ModelRunner` with
 the draft and K speculative tokens, and once without speculation; the outputs must be
 equal token for token (greedy verification is exact), and the engine's speculation
@@ -12,9 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import torch
+
 from relaykv.distill.corpus import engine_for
+from relaykv.distill.labels import label_hidden
+from relaykv.distill.trainer import Batchable
 from relaykv.engine import SamplingParams
 from relaykv.model import CausalLM, EagleDraft, ModelRunner
+from relaykv.model.forward_context import DenseContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +86,22 @@ def measure_acceptance(
             )
         )
     return results
+
+
+@torch.no_grad()
+def top1_agreement(
+    target: CausalLM, draft: EagleDraft, data: Batchable, max_sequences: int = 16
+) -> float:
+    """Share of the first `max_sequences` sequences' positions where the draft's argmax
+    (full vocabulary, the target's LM head) equals the target's own choice."""
+    n = min(max_sequences, len(data.tokens))
+    span = data.tokens.shape[1] - 2
+    embeds = target.embed(data.tokens[:n, 1 : span + 1].flatten()).float()
+    rotaries = draft.build_rotaries()
+    out = draft.float()(
+        embeds, data.hidden[:n, :span].flatten(0, 1), DenseContext(rotaries, n, span, torch.float32)
+    )
+    mask = data.loss_reg[:n].flatten()
+    predicted, _ = label_hidden(target, draft.head_input(out[mask]), 1)
+    wanted = data.labels[:n, 1 : span + 1].flatten()[mask]
+    return float((predicted == wanted).float().mean()) if len(wanted) else 0.0

@@ -26,7 +26,16 @@ class Recipe:
     batch_sequences: int  # sequences per optimiser step
     lr: float
     seed: int = 7
-    vocab_subset: bool = False  # cross-entropy over the corpus's tokens only (large vocabularies)
+    # Teacher-forced offline text (`text_corpus`): windows of `text_len` tokens, written
+    # `shard_windows` per shard; 0 windows: generated text only.
+    text_windows: int = 0
+    text_len: int = 256
+    shard_windows: int = 32
+    # Cross-entropy: over the full vocabulary (0), or over the union of the batch's
+    # recorded top-`candidates` tokens (large vocabularies: hard negatives only).
+    candidates: int = 0
+    ce_weight: float = 1.0  # loss = smooth L1 on the hidden state + ce_weight * CE
+    unroll_weight: float = 0.0  # > 0: also train a pass fed with the draft's own outputs
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
 
 
@@ -45,21 +54,27 @@ RECIPES: dict[str, Recipe] = {
         batch_sequences=16,
         lr=3e-3,
     ),
-    # Gemma-3-270M: greedy continuations of 32 varied prompts; the 262k-entry LM head makes
-    # a full-vocabulary cross-entropy the dominant cost, so the loss ranges over the tokens
-    # that occur in the corpus (every label does).
+    # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
+    # argmax as labels) plus its greedy continuations of varied openers; a restricted
+    # vocabulary keeps the 262k-entry LM head out of the loss.
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=32,
+        num_prompts=64,
         prompt_tokens=8,
-        gen_len=96,
-        shard_prompts=32,
+        gen_len=32,
+        shard_prompts=64,
         draft_heads=2,
-        draft_intermediate=512,
-        token_budget=40_000,
+        draft_intermediate=1024,
+        token_budget=500_000,
         batch_sequences=8,
-        lr=2e-3,
-        vocab_subset=True,
+        lr=1e-3,
+        text_windows=1536,
+        text_len=256,
+        shard_windows=32,
+        candidates=8,
+        ce_weight=1.0,
+        unroll_weight=0.5,
+        checkpoint_every=10,
     ),
 }
