@@ -131,6 +131,10 @@ def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> d
                 str(out),
                 "--result-filename",
                 "real.json",
+                # Greedy: the simulator's acceptance rate is the draft's on greedy decoding
+                # (the server's default, temperature 1, accepts far fewer drafts).
+                "--temperature",
+                "0",
                 *workload,
             ]
         )

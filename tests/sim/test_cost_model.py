@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from relaykv.sim.cost_model import SeqShape, context_len, context_sum, step_cost
@@ -62,6 +64,11 @@ def test_prefill_step_memory_bound_by_hand() -> None:
     assert cost.bytes == 2512
     # max(10560 / 1e6, 2512 / 1e4) + 0.01 overhead.
     assert cost.seconds == pytest.approx(0.01 + 0.2512)
+    # A calibrated machine's serving overheads: + 3 ms per sequence + 1 ms per token.
+    served = replace(HW, per_sequence_overhead_s=3e-3, per_token_overhead_s=1e-3)
+    two = step_cost(_model(), served, 1, [SeqShape(0, 4), SeqShape(8, 1)])
+    plain = step_cost(_model(), HW, 1, [SeqShape(0, 4), SeqShape(8, 1)])
+    assert two.seconds == pytest.approx(plain.seconds + 2 * 3e-3 + 5 * 1e-3)
 
 
 def test_compute_bound_sliding_and_tp_by_hand() -> None:

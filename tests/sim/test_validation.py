@@ -1,31 +1,34 @@
 """Predicted vs measured on this machine: calibrate, then run the same small workload on a
 real `relaykv up` cluster (tiny-hybrid + EAGLE draft, shm) and in the simulator.
 
-Acceptance (docs/simulator.md "Validation"): mean TTFT, mean TPOT and output throughput
-within 35 %, D's local hit tokens within 5 %. Timing comparisons need a machine that is not
-shared with other heavy jobs while they run (calibration and the real run must see the
-same machine), so this test runs only with RELAYKV_SIM_VALIDATE=1; the same comparison at
-bigger sizes is `benchmarks/sim_validate.py`.
+Acceptance (docs/simulator.md "Validation against real runs"): mean TTFT, mean TPOT and
+output throughput within 35 %, D's local hit tokens within 5 %. The calibration is made
+here, on the machine that runs the test (a calibration file describes one machine), and
+is not fitted on this workload. Timing on a machine shared with other jobs is noisy: when
+a first comparison is out of tolerance, two more run and each metric's median error over
+the three is what is checked (a wrong cost model is off in every run, noise is not).
+The same comparison at bigger sizes is `benchmarks/sim_validate.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import statistics
 
 import pytest
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("RELAYKV_SIM_VALIDATE") != "1",
-        reason="timing validation needs an otherwise idle machine: RELAYKV_SIM_VALIDATE=1 "
-        "pytest tests/sim/test_validation.py (or benchmarks/sim_validate.py)",
-    ),
-]
+pytestmark = pytest.mark.slow
+
+TIMING = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
+TOLERANCE = {**dict.fromkeys(TIMING, 0.35), "d_local_hit_tokens": 0.05}
+
+
+def _out_of_tolerance(errors: dict[str, float]) -> list[str]:
+    return [key for key, tol in TOLERANCE.items() if abs(errors[key]) > tol]
 
 
 def test_simulator_predicts_a_real_run(tmp_path) -> None:
+    pytest.importorskip("torch")
     from benchmarks.sim_validate import QUICK, compare
 
     from relaykv.sim.calibrate_cli import calibrate
@@ -33,7 +36,11 @@ def test_simulator_predicts_a_real_run(tmp_path) -> None:
     hardware = tmp_path / "calibration.json"
     hardware.write_text(json.dumps(calibrate("tiny-hybrid", 2, "shm", quick=True)))
     (workload,) = QUICK.values()
-    rows = compare(workload, str(hardware), tmp_path / "run")["rows"]
-    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput"):
-        assert abs(rows[key]["error"]) <= 0.35, (key, rows[key])
-    assert abs(rows["d_local_hit_tokens"]["error"]) <= 0.05, rows["d_local_hit_tokens"]
+    runs = []
+    for attempt in range(3):
+        rows = compare(workload, str(hardware), tmp_path / f"run{attempt}")["rows"]
+        runs.append({key: row["error"] for key, row in rows.items()})
+        if attempt == 0 and not _out_of_tolerance(runs[0]):
+            break
+    median = {key: statistics.median(r[key] for r in runs) for key in TOLERANCE}
+    assert not _out_of_tolerance(median), (median, runs)

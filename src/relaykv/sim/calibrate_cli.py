@@ -104,7 +104,7 @@ def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> d
     link = fit_link(transport, sizes, link_s)
     print("[sim calibrate] timing a served workload on a real cluster", file=sys.stderr, flush=True)
     served = measure_serving(model_name, k)
-    hw = fit_serving(model_name, k, hw, link, acceptance, served)
+    hw, link = fit_serving(model, k, hw, link, served)
     out = asdict(hw)
     out["link"] = asdict(link)
     out["acceptance_rate"] = acceptance
@@ -118,6 +118,7 @@ def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> d
         "transfer_seconds": link_s,
         "serving_mean_ttft_ms": served["mean_ttft_ms"],
         "serving_mean_tpot_ms": served["mean_tpot_ms"],
+        "serving_engine_means": served["engine_means"],
     }
     return out
 
@@ -132,8 +133,11 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     errors = out["measured"]["fit_relative_error"]
     print(
         f"step overhead {1e3 * out['step_overhead_s']:.2f} ms, per sequence "
-        f"{1e3 * out['per_sequence_overhead_s']:.2f} ms, {out['peak_flops'] / 1e9:.1f} GFLOP/s, "
-        f"{out['hbm_bandwidth'] / 1e9:.2f} GB/s, draft pass "
+        f"{1e3 * out['per_sequence_overhead_s']:.2f} ms, per token "
+        f"{1e6 * out['per_token_overhead_s']:.1f} us, "
+        f"hop {1e3 * out['request_overhead_s']:.1f} ms, "
+        f"{out['peak_flops'] / 1e9:.1f} GFLOP/s, "
+        f"KV {out['kv_bandwidth'] / 1e9:.2f} GB/s, draft pass "
         f"{1e3 * out['draft_pass_overhead_s']:.2f} ms; link "
         f"{out['link']['bandwidth'] / 1e9:.2f} GB/s + {1e3 * out['link']['latency_s']:.2f} ms; "
         f"fit error median {100 * float(np.median(np.abs(errors))):.1f}%, "

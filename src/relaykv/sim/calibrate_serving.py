@@ -1,62 +1,112 @@
 """The serving overheads a runner-only fit cannot see (docs/simulator.md "Calibration").
 
-A served token costs more than the runner's step: the engine's scheduler, its async loop,
-streaming through the router, the client. `relaykv sim calibrate` measures them on a real
-local cluster (`relaykv up`, single-threaded engines) with `relaykv bench serve` on its
-own workload (random prompts at concurrency 1: not the validation workloads), simulates
-the same run with the runner-only fit, and attributes the difference:
+A served token costs more than the runner's step: the engine's bookkeeping around each
+step (scheduling, hashing, commits, streaming on the engine's event loop) and the HTTP
+hops through the router. `relaykv sim calibrate` measures them on a real local cluster
+(`relaykv up`, single-threaded engines) with `relaykv bench serve` on its own workload
+(random prompts at concurrency 1, greedy, after a warmup request: not the validation
+workloads), and
+reads the engines' own latency histograms before and after, so that each overhead is
+measured where it arises instead of being inferred from the client's totals:
 
-* mean TPOT: linear in the per-step overhead, so two simulations (+0 and +10 ms) give the
-  extra step overhead that matches the measured TPOT;
-* mean TTFT: what is left after that is the two HTTP hops (`request_overhead_s` each).
+* `per_token_overhead_s`: P's mean `request_prefill_time` (first scheduled to first
+  token, all prompts computed) minus the runner-fitted prefill of the same prompt, per
+  computed token (the engine's per-token work: hashing, block tables, page writes);
+* `step_overhead_s` (added): D's mean inter-token latency (one decode step per streamed
+  chunk at concurrency 1) minus the runner-fitted decode step at the workload's mean
+  context;
+* the link's `latency_s`: D's mean `kv_transfer_seconds` (a load from its start to the
+  step that sees it settled) minus the bytes at the timed transport's bandwidth, when
+  that is more than the timed transport's own latency (the engines' IO threads and
+  polling add to a bare read);
+* `request_overhead_s` (one hop): the client's mean TTFT minus P's end-to-end latency and
+  D's TTFT, halved (the router's two hops: client -> P, P's answer -> D).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
+from relaykv.sim.models import ModelSpec
 
+PROMPT_LEN, OUTPUT_LEN = 768, 48
 WORKLOAD = [
     "--dataset-name",
     "random",
     "--random-input-len",
-    "768",
+    str(PROMPT_LEN),
     "--random-output-len",
-    "48",
+    str(OUTPUT_LEN),
     "--num-prompts",
-    "4",
+    "8",
     "--max-concurrency",
     "1",
     "--seed",
     "7",
 ]
 ENGINE = ["--num-blocks", "2000", "--max-model-len", "2048"]
+# Engine histograms (Prometheus `<name>_sum` / `<name>_count`) the fit reads.
+HISTOGRAMS = {
+    "prefill": ("vllm:request_prefill_time_seconds", "vllm:e2e_request_latency_seconds"),
+    "decode": (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "relaykv:kv_transfer_seconds",
+        "relaykv:kv_bytes_received",  # a counter (`_total`): its per-load mean is taken below
+    ),
+}
+
+
+def histogram_totals(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """`{name_sum: total, name_count: total}` over every label set in a /metrics page."""
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key = line.split("{", 1)[0].split(" ", 1)[0]
+        for name in names:
+            if key in (f"{name}_sum", f"{name}_count", f"{name}_total"):
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _scrape(url: str, names: tuple[str, ...]) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        return histogram_totals(response.read().decode(), names)
+
+
+def histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean of each histogram over the observations between two scrapes."""
+    means = {}
+    loads = after.get("relaykv:kv_transfer_seconds_count", 0.0)
+    loads -= before.get("relaykv:kv_transfer_seconds_count", 0.0)
+    for key in after:
+        if key.endswith("_total") and loads > 0:  # a counter: per KV load
+            means[key[: -len("_total")]] = (after[key] - before.get(key, 0.0)) / loads
+        if key.endswith("_sum"):
+            name = key[: -len("_sum")]
+            n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+            if n > 0:
+                means[name] = (after[key] - before.get(key, 0.0)) / n
+    return means
 
 
 def measure_serving(model: str, k: int) -> dict[str, Any]:
-    """Mean TTFT / TPOT of `WORKLOAD` on a real local P/D cluster (`bench serve` result)."""
+    """`bench serve`'s result of `WORKLOAD` on a real local P/D cluster, plus the engines'
+    histogram means over the measured requests (`engine_means`: role -> name -> seconds)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    up = [
-        sys.executable,
-        "-m",
-        "relaykv",
-        "up",
-        "--json",
-        "--model",
-        model,
-        "--speculative-tokens",
-        str(k),
-        *ENGINE,
-    ]
+    up = [sys.executable, "-m", "relaykv", "up", "--json", "--model", model]
+    up += ["--speculative-tokens", str(k), *ENGINE]
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
             up,
@@ -68,33 +118,28 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
             start_new_session=True,
         )
         try:
-            router = None
+            cluster = None
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("{") and '"router"' in line:
-                    router = json.loads(line)["router"]
+                    cluster = json.loads(line)
                     break
-            if router is None:
+            if cluster is None:
                 raise RuntimeError("relaykv up exited before printing its cluster JSON line")
-            bench = [
-                sys.executable,
-                "-m",
-                "relaykv",
-                "bench",
-                "serve",
-                "--base-url",
-                router,
-                "--ignore-eos",
-                "--disable-tqdm",
-                "--save-result",
-                "--result-dir",
-                tmp,
-                "--result-filename",
-                "serving.json",
-                *WORKLOAD,
-            ]
+            bench = [sys.executable, "-m", "relaykv", "bench", "serve"]
+            bench += ["--base-url", cluster["router"], "--ignore-eos", "--disable-tqdm"]
+            bench += ["--save-result", "--result-dir", tmp, "--result-filename", "serving.json"]
+            # Greedy, like the simulator's tokens and the calibrated acceptance rate: the
+            # server's default (temperature 1) accepts far fewer drafts.
+            bench += ["--temperature", "0", *WORKLOAD]
+            # One request of another prompt first (first-touch costs of both engines),
+            # outside the scrapes.
+            warm = [*bench[: -len(WORKLOAD)], *_warmup_only(WORKLOAD)]
+            subprocess.run(warm, check=True, capture_output=True, text=True, env=env)
+            before = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
             subprocess.run(bench, check=True, capture_output=True, text=True, env=env)
-            return json.loads((Path(tmp) / "serving.json").read_text())
+            after = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
+            result = json.loads((Path(tmp) / "serving.json").read_text())
         finally:
             proc.terminate()
             try:
@@ -102,58 +147,43 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    result["engine_means"] = {r: histogram_means(before[r], after[r]) for r in HISTOGRAMS}
+    return result
 
 
-def _simulate(
-    model: str, k: int, hw: HardwareSpec, link: LinkSpec, acceptance: float
-) -> dict[str, Any]:
-    from relaykv.sim.cli import add_arguments, simulate
-    from relaykv.sim.model_presets import model_spec
-    from relaykv.sim.sim_args import build_requests, cluster_spec
-    from relaykv.sim.workload import arrival_offsets
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--model",
-            model,
-            "--speculative-tokens",
-            str(k),
-            "--pd-policy",
-            "per-group",
-            "--acceptance-rate",
-            str(acceptance),
-            *ENGINE,
-            *WORKLOAD,
-        ]
-    )
-    spec = model_spec(model)
-    requests = build_requests(args, spec.vocab_size)
-    offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, 7)
-    base = cluster_spec(args, spec, hw, link, requests, parser)
-    return simulate(base, "per-group", requests, offsets, args)
+def _warmup_only(workload: list[str]) -> list[str]:
+    """`workload` with one prompt of another seed."""
+    out = list(workload)
+    out[out.index("--num-prompts") + 1] = "1"
+    out[out.index("--seed") + 1] = "8"
+    return out
 
 
 def fit_serving(
-    model: str,
-    k: int,
-    hw: HardwareSpec,
-    link: LinkSpec,
-    acceptance: float,
-    measured: dict[str, Any],
-) -> HardwareSpec:
-    """`hw` with the step and request overheads that reproduce `measured`."""
-
-    def run(extra: float, req: float) -> dict[str, Any]:
-        trial = replace(hw, step_overhead_s=hw.step_overhead_s + extra, request_overhead_s=req)
-        return _simulate(model, k, trial, link, acceptance)
-
-    base, plus = run(0.0, 0.0), run(0.01, 0.0)
-    slope = (plus["mean_tpot_ms"] - base["mean_tpot_ms"]) / 0.01
-    extra = 0.0
-    if slope > 0:
-        extra = max(0.0, (measured["mean_tpot_ms"] - base["mean_tpot_ms"]) / slope)
-    fitted = run(extra, 0.0)
-    hops = max(0.0, (measured["mean_ttft_ms"] - fitted["mean_ttft_ms"]) / 1000 / 2)
-    return replace(hw, step_overhead_s=hw.step_overhead_s + extra, request_overhead_s=hops)
+    model: ModelSpec, k: int, hw: HardwareSpec, link: LinkSpec, measured: dict[str, Any]
+) -> tuple[HardwareSpec, LinkSpec]:
+    """`hw` with the per-token, per-step and per-hop overheads and `link` with the
+    per-transfer latency that `measured` shows (the module docstring's decomposition;
+    each overhead is clamped at 0)."""
+    p, d = measured["engine_means"]["prefill"], measured["engine_means"]["decode"]
+    chunk = hw.max_num_batched_tokens
+    prefill = [SeqShape(s, min(chunk, PROMPT_LEN - s)) for s in range(0, PROMPT_LEN, chunk)]
+    runner_prefill = sum(step_cost(model, hw, 1, [c]).seconds for c in prefill)
+    per_token = max(0.0, (p["vllm:request_prefill_time_seconds"] - runner_prefill) / PROMPT_LEN)
+    mean_context = PROMPT_LEN + OUTPUT_LEN // 2
+    decode = SeqShape(mean_context, 1 + k, k)
+    runner_decode = step_cost(model, hw, 1, [decode]).seconds
+    extra_step = max(0.0, d["vllm:inter_token_latency_seconds"] - runner_decode)
+    engines = p["vllm:e2e_request_latency_seconds"] + d["vllm:time_to_first_token_seconds"]
+    hop = max(0.0, (measured["mean_ttft_ms"] / 1000 - engines) / 2)
+    latency = link.latency_s
+    if d.get("relaykv:kv_transfer_seconds"):
+        served = d["relaykv:kv_transfer_seconds"] - d["relaykv:kv_bytes_received"] / link.bandwidth
+        latency = max(latency, served)
+    hw = replace(
+        hw,
+        step_overhead_s=hw.step_overhead_s + extra_step,
+        per_token_overhead_s=per_token,
+        request_overhead_s=hop,
+    )
+    return hw, replace(link, latency_s=latency)

@@ -6,8 +6,11 @@ flight (warmups first, unmeasured), like `relaykv bench serve`. The router is
 goes to a prefill engine with `do_remote_decode` and `max_tokens=1`, P's answer (its
 `kv_transfer_params`) goes with the original request to a decode engine, and D's tokens
 are the client's stream (TTFT is D's first token). Each HTTP hop costs the hardware's
-`request_overhead_s`. With no prefill engines the decode engines are colocated ones and
-the router only balances them.
+`request_overhead_s` of the router's time, and the router is one process: hops that meet
+there are served one after another (a FIFO server), so requests a client sends at once
+reach the engines staggered, as they do in a real cluster (a prefill engine starts on the
+first before the others arrive). With no prefill engines the decode engines are
+colocated ones and the router only balances them.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class SimCluster:
             )
         self.router = SimRouter(spec.routing, by_role)
         self.first_role = "decode" if colocated else "prefill"
+        self._router_free_at = 0.0
         self.records: list[RequestRecord] = []
         self._live: dict[str, tuple[RequestRecord, SamplingParams, list[int]]] = {}
         self._on_done: Callable[[RequestRecord], None] = lambda r: None
@@ -124,10 +128,13 @@ class SimCluster:
         self.records.append(record)
         self._live[rid] = (record, params, prompt)
         kv = {"do_remote_decode": True} if self.first_role == "prefill" else None
-        self.loop.after(
-            self.spec.hardware.request_overhead_s,
-            lambda: self._to_engine(self.first_role, rid, prompt, params, kv),
-        )
+        self._hop(lambda: self._to_engine(self.first_role, rid, prompt, params, kv))
+
+    def _hop(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once the router has spent a hop on it (after the hops before it)."""
+        start = max(self.loop.now, self._router_free_at)
+        self._router_free_at = start + self.spec.hardware.request_overhead_s
+        self.loop.at(self._router_free_at, fn)
 
     def _to_engine(
         self,
@@ -162,10 +169,7 @@ class SimCluster:
                 self._fail(rid, req.error or "the prefill engine returned no transfer params")
                 return
             kv = dict(req.kv_transfer_params)
-            self.loop.after(
-                self.spec.hardware.request_overhead_s,
-                lambda: self._to_engine("decode", rid, prompt, params, kv),
-            )
+            self._hop(lambda: self._to_engine("decode", rid, prompt, params, kv))
             return
         if new_tokens:
             if record.first_token_time is None:

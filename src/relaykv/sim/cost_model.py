@@ -15,7 +15,7 @@ formula), on an engine of TP t:
           kind `kv_bytes_per_token * context`, windowed for sliding) + the KV it writes;
   (`kv_bandwidth`, when set, serves the KV part: a calibrated CPU pages KV far slower
   than it streams weights; GPU presets leave it at the HBM bandwidth);
-* time = overhead + per-sequence overhead * sequences
+* time = overhead + per-sequence overhead * sequences + per-token overhead * T
          + max(FLOPs / (t * peak * MFU), bytes / (t * HBM * MBU))    [combine = max]
            or the sum of both                                          [combine = sum]
          + all-reduces: 2 per layer of T * hidden * 2 bytes, ring over NVLink:
@@ -159,6 +159,7 @@ def step_cost(model: ModelSpec, hw: HardwareSpec, tp: int, seqs: Sequence[SeqSha
     seconds = (
         hw.step_overhead_s
         + hw.per_sequence_overhead_s * t.num_seqs
+        + hw.per_token_overhead_s * t.tokens
         + _combine(hw, tp, t.flops, t.bytes, t.kv_bytes)
         + allreduce_s
         + draft_s

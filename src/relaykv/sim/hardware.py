@@ -46,6 +46,7 @@ class HardwareSpec:
     mbu: float = 0.7
     step_overhead_s: float = 2.5e-3
     per_sequence_overhead_s: float = 0.0
+    per_token_overhead_s: float = 0.0  # serving bookkeeping per computed token (calibrated)
     allreduce_latency_s: float = 40e-6
     draft_pass_overhead_s: float = 0.3e-3
     kv_bandwidth: float = 0.0  # bytes/s for KV reads and writes (0: hbm_bandwidth)
