@@ -25,7 +25,12 @@ from relaykv.kvcache import Geometry
 from relaykv.serve.chat_template import ChatFormatter, find_chat_template
 from relaykv.serve.model_info import ModelInfo
 from relaykv.serve.options import EngineOptions, OptionError
-from relaykv.serve.tokenizer_export import ExportError, TokenizerExport, cached_export
+from relaykv.serve.tokenizer_export import (
+    EXPORT_FORMAT,
+    ExportError,
+    TokenizerExport,
+    cached_export,
+)
 
 log = logging.getLogger("relaykv.serve")
 
@@ -163,6 +168,16 @@ def tokenizer_export(loaded: Any, chat: ChatFormatter) -> TokenizerExport:
     )
 
 
+def _tokenizer_digest(tokenizer: Any) -> str | None:
+    """sha256 of a `tokenizers` tokenizer's JSON (about 0.2 s for Gemma's 262k vocabulary)."""
+    import hashlib
+
+    model = getattr(tokenizer, "model", None)
+    if model is None or not hasattr(model, "to_str"):
+        return None
+    return hashlib.sha256(model.to_str().encode()).hexdigest()
+
+
 def serving_tokenizer_dir(loaded: Any, chat: ChatFormatter, progress: bool) -> str | None:
     """The model's tokenizer as a Hugging Face directory in relaykv's cache directory
     (written once per model file), for clients that need one (`--tokenizer DIR`)."""
@@ -176,7 +191,11 @@ def serving_tokenizer_dir(loaded: Any, chat: ChatFormatter, progress: bool) -> s
         "source": str(source.resolve()) if source.exists() else loaded.source,
         "mtime": source.stat().st_mtime if source.is_file() else None,
         "relaykv": __version__,
+        "format": EXPORT_FORMAT,
         "template": chat.source.template if chat.source is not None else None,
+        # The tokenizer's own content, so a fix in how relaykv builds it (e.g. Gemma's
+        # newline tokens no longer special) rewrites a directory exported before.
+        "tokenizer": _tokenizer_digest(loaded.tokenizer),
     }
     try:
         root = cache_dir() / "tokenizers" / loaded.name

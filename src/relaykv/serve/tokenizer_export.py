@@ -31,6 +31,9 @@ from tokenizers.models import BPE
 from relaykv.serve.chat_template import FALLBACK_TEMPLATE, ChatFormatter
 
 STAMP = "relaykv_export.json"  # what was exported from, to reuse an up-to-date directory
+# Bumped when what an export writes changes, so cached exports are rewritten
+# (2: tiny-hybrid's bytes 0x80-0xFF are special, see byte_tokenizer_json).
+EXPORT_FORMAT = 2
 
 
 class ExportError(ValueError):
@@ -47,15 +50,24 @@ class TokenizerExport:
     source: str
 
 
+HIGH_BYTES = tuple(f"<0x{b:02X}>" for b in range(0x80, 0x100))
+
+
 def byte_tokenizer_json() -> Tokenizer:
     """tiny-hybrid's ByteTokenizer as a `tokenizers` tokenizer (same ids, BOS added)."""
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
     vocab.update({f"<0x{b:02X}>": b + 3 for b in range(256)})
     tok = Tokenizer(BPE(vocab, [], byte_fallback=True))
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in ("<pad>", "<s>", "</s>")]
-    )
+    # Bytes 0x80-0xFF are listed as special too. Alone they are not text (every one decodes
+    # to U+FFFD, 3 bytes when encoded again), and benchmark clients draw random prompt ids
+    # from the vocabulary minus the special ids, then send the decoded text: vLLM's `random`
+    # and `prefix_repetition`, SGLang's `random`. Excluded, every drawn id is an ASCII byte,
+    # which survives decode + encode, so prompts have exactly the asked length. Encoding is
+    # unchanged (byte fallback still yields these ids for non-ASCII text); decoding needs
+    # `skip_special_tokens=False` to keep non-ASCII characters (docs/benchmarking.md).
+    names = ["<pad>", "<s>", "</s>", *HIGH_BYTES]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)]
     )
@@ -78,9 +90,10 @@ def build(export: TokenizerExport) -> tuple[Tokenizer, dict[str, Any]]:
                 single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
             )
         eos_ids = list(source.eos_token_ids)
-        pad = None
+        pad, extra = None, []
     elif type(source).__name__ == "ByteTokenizer":
         tok, bos_id, eos_ids, pad = byte_tokenizer_json(), 1, [2], "<pad>"
+        extra = list(HIGH_BYTES)  # transformers' all_special_ids: see byte_tokenizer_json
     else:
         raise ExportError(f"no Hugging Face form for tokenizer {type(source).__name__}")
     chat_source = export.chat.source
@@ -93,6 +106,7 @@ def build(export: TokenizerExport) -> tuple[Tokenizer, dict[str, Any]]:
         "model_max_length": export.model_max_length,
         "clean_up_tokenization_spaces": False,
         "chat_template": template,
+        "extra_special_tokens": extra or None,
         "relaykv_source": export.source,
     }
     return tok, {k: v for k, v in config.items() if v is not None}

@@ -5,7 +5,11 @@
   no merges, so they are derived from the vocabulary: every split of a token into two
   tokens is a merge, ranked by the merged token's priority (for Gemma the order of the
   vocabulary, whose scores do not follow the merge order; otherwise the score).
-Control and user-defined tokens (token types 3 and 4) become special added tokens.
+Control tokens (token type 3: `<bos>`, `<start_of_turn>`, `<end_of_turn>`) become special
+added tokens, which decoding skips. User-defined tokens (type 4) become added tokens that are
+NOT special: in Gemma they are text (`\n` id 107, `\n\n`, runs of spaces and tabs), and
+marking them special made decoding drop every newline (docs/serving.md "Gemma-3-270M chat").
+This is what transformers' GGUF converter does too.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ def _spm_merges(tokens: list[str], rank: dict[str, float]) -> list[tuple[str, st
     return [(m[3], m[4]) for m in found]
 
 
-def _specials(tokens: list[str], types: list[int] | None) -> list[AddedToken]:
+def _added(tokens: list[str], types: list[int] | None) -> list[AddedToken]:
+    """Control tokens as special added tokens, user-defined ones as plain added tokens."""
     if not types:
         return []
     return [
-        AddedToken(tokens[i], special=True, normalized=False)
+        AddedToken(tokens[i], special=t == _CONTROL, normalized=False)
         for i, t in enumerate(types)
         if t in (_CONTROL, _USER_DEFINED)
     ]
@@ -94,6 +99,8 @@ def build_gguf_tokenizer(meta: dict[str, Any], architecture: str) -> HFTokenizer
         tok.decoder = decoders.Sequence(steps)
     else:
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
-    tok.add_special_tokens(_specials(tokens, types))
+    added = _added(tokens, types)
+    tok.add_special_tokens([t for t in added if t.special])
+    tok.add_tokens([t for t in added if not t.special])
     eos_ids = [int(eos)] if eos is not None else []
     return HFTokenizer(tok, eos_ids, bos_token_id=bos, add_bos=add_bos)
