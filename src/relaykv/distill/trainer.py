@@ -34,7 +34,7 @@ from tqdm import tqdm
 from relaykv.distill.corpus import Shard
 from relaykv.distill.recipes import Recipe
 from relaykv.model import CausalLM, EagleDraft
-from relaykv.model.eagle import draft_config_for
+from relaykv.model.eagle import draft_config_for, init_draft_weights
 from relaykv.model.forward_context import DenseContext
 
 
@@ -99,15 +99,7 @@ def new_draft(target: CausalLM, recipe: Recipe) -> EagleDraft:
     config = config.with_updates(**changes) if changes else config
     torch.manual_seed(recipe.seed)
     draft = EagleDraft(config, fc_bias=True)
-    gen = torch.Generator().manual_seed(recipe.seed)
-    with torch.no_grad():
-        for name, param in draft.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith("bias"):
-                param.zero_()
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * param.shape[-1] ** -0.5)
+    init_draft_weights(draft, recipe.seed)
     return draft
 
 

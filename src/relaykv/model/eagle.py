@@ -117,6 +117,12 @@ def random_draft(
     with torch.device("meta"):
         draft = EagleDraft(config, fc_bias=True)
     draft = draft.to_empty(device="cpu")
+    init_draft_weights(draft, seed)
+    return draft.to(dtype)
+
+
+def init_draft_weights(draft: EagleDraft, seed: int) -> None:
+    """Deterministic start for a draft: unit norms, zero biases, N(0, 1/fan_in) weights."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in draft.named_parameters():
@@ -127,7 +133,6 @@ def random_draft(
             else:
                 std = param.shape[-1] ** -0.5
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return draft.to(dtype)
 
 
 def load_eagle_checkpoint(
