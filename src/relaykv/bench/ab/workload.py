@@ -3,8 +3,8 @@
 A group `cC/outputO:N` sends N prompts at concurrency C, each asking for O tokens, after
 the warmups (copies of the group's first prompt asking for one token: their job is to put
 the group's prefix in the caches, and a long-output group's warmup then costs no decode
-time; unmeasured and not counted in the engine counters). Group i uses seed `seed + i`, so groups do not share prefixes with each
-other and every configuration sees identical prompts.
+time; unmeasured and not counted in the engine counters). Group i uses seed `seed + i`, so
+groups do not share prefixes with each other and every configuration sees identical prompts.
 """
 
 from __future__ import annotations
