@@ -26,6 +26,10 @@ class Recipe:
     batch_sequences: int  # sequences per optimiser step
     lr: float
     seed: int = 7
+    # Natural prompts from offline text (`text_corpus`): `doc_prompts` windows' first
+    # `doc_prompt_tokens` tokens, continued greedily for `gen_len` like the openers.
+    doc_prompts: int = 0
+    doc_prompt_tokens: int = 32
     # Teacher-forced offline text (`text_corpus`): windows of `text_len` tokens, written
     # `shard_windows` per shard; 0 windows: generated text only.
     text_windows: int = 0
