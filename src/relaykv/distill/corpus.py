@@ -17,8 +17,7 @@ same records from offline text in one forward pass.
 While the corpus is generated the runner's LM head is the labels' shortlisted one
 (`labels.ShortlistHead`: bfloat16 ranking, float32 rescoring): greedy tokens are the
 target's own at about a fifth of the full float32 head's cost, which is most of a step at
-Gemma's 262k vocabulary; the temperature-1 prompt sampling uses the bfloat16 head's
-logits (prompts only need to be varied and reproducible, not the target's exact ones).
+Gemma's 262k vocabulary (the temperature-1 sampling of prompt tails keeps the full head).
 """
 
 from __future__ import annotations
@@ -124,8 +123,7 @@ def sample_openers(
         SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.95, seed=s, ignore_eos=True)
         for s in seeds
     ]
-    with runner_head(target, ShortlistHead(target).approx_logits):
-        reqs = engine.generate(prompts, params)
+    reqs = engine.generate(prompts, params)
     return [r.prompt_ids + r.output_ids for r in reqs]
 
 

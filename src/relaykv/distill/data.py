@@ -8,7 +8,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from relaykv.distill.corpus import Shard, collect_shard, load_shard, sample_openers, save_shard
+from relaykv.distill.corpus import (
+    Shard,
+    collect_shard,
+    load_shard,
+    sample_openers,
+    save_shard,
+)
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.prompts import OPENERS
 from relaykv.distill.recipes import Recipe
@@ -19,7 +25,7 @@ from relaykv.model.loading.tokenizer import Tokenizer
 
 class PromptSource:
     """A recipe's generation prompts, deterministic: prompt i < `num_prompts` is an opener
-    (random ids for `random` recipes) whose sampled tail is drawn with seed `seeds[i]`; the
+    (random ids for `random` recipes) followed by its seeded sampled tail; the
     next `doc_prompts` are the first `doc_prompt_tokens` tokens of seeded offline-text
     windows (`text_corpus`), used as they are."""
 
@@ -32,7 +38,7 @@ class PromptSource:
         return self.recipe.num_prompts + self.recipe.doc_prompts
 
     def shard(self, index: int) -> list[list[int]]:
-        """The prompts of shard `index`, openers already sampled."""
+        """The prompts of shard `index`, openers' tails already sampled."""
         recipe, loaded = self.recipe, self.loaded
         first = index * recipe.shard_prompts
         ids = range(first, min(first + recipe.shard_prompts, self.total))
@@ -48,9 +54,7 @@ class PromptSource:
             tokenizer = self._tokenizer()
             texts = [tokenizer.encode(OPENERS[i % len(OPENERS)]) for i in openers]
             seeds = [recipe.seed * 100_003 + i for i in openers]
-            prompts = sample_openers(
-                loaded.model, texts, recipe.prompt_tokens, seeds, concurrency=len(texts)
-            )
+            prompts = sample_openers(loaded.model, texts, recipe.prompt_tokens, seeds)
         docs = [i - recipe.num_prompts for i in ids if i >= recipe.num_prompts]
         if docs:
             if self._docs is None:
@@ -107,10 +111,9 @@ def build_generated(
         for i, path in enumerate(paths):
             if path.is_file():
                 continue
-            prompts = source.shard(i)
             shard = collect_shard(
                 loaded.model,
-                prompts,
+                source.shard(i),
                 recipe.gen_len,
                 loaded.eos_token_ids,
                 concurrency=recipe.shard_prompts,

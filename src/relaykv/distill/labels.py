@@ -64,14 +64,6 @@ class ShortlistHead:
             out[first : first + len(ids)].scatter_(1, ids, exact)
         return out
 
-    @torch.no_grad()
-    def approx_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 `[N, vocab]` logits through the bfloat16 head (float32 for small
-        vocabularies), soft-capped as the target's: for sampling varied prompts."""
-        if self.head16 is None:
-            return self._capped(F.linear(hidden.float(), self.head32))
-        return self._capped(F.linear(hidden.to(torch.bfloat16), self.head16).float())
-
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         """`CausalLM.logits`'s soft-cap (computed here: the runner's `logits` may be ours)."""
         cap = self.target.config.final_logit_softcapping
