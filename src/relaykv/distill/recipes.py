@@ -84,7 +84,7 @@ RECIPES: dict[str, Recipe] = {
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
-        generated_share=0.5,
+        generated_share=0.25,
         checkpoint_every=10,
     ),
 }
