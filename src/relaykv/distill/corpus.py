@@ -98,7 +98,7 @@ def engine_for(
 @contextmanager
 def runner_head(target: CausalLM, logits: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """Within the block, `target.logits` (what the runner samples from) is `logits`."""
-    target.logits = logits  # type: ignore[method-assign]
+    target.logits = logits  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
