@@ -11,7 +11,9 @@ from relaykv.kvcache.hashing import (
     SEED_HASH,
     PrefixChains,
     TokenHashes,
+    _chain_loop,
     chain_hashes,
+    salt_prefix,
     token_bytes,
 )
 
@@ -91,6 +93,19 @@ def test_published_hash_values_are_pinned() -> None:
     assert len(salted.hashes) == 312
     assert salted.hashes[-1].hex() == "ca0eab5a4b1e7dc84c228bcaace06ca7"
     assert plain.hashes[-1].hex() == "3aa60311042d9dacb36fc173d5547da6"
+
+
+def test_c_driven_chain_equals_the_plain_loop() -> None:
+    # chain_hashes runs its chain in C (map over the list extend grows); the plain loop is
+    # the reference, for every length around unit boundaries, parent and salt.
+    for n in (0, 1, 15, 16, 17, 32, 33, 100, 1000):
+        data = token_bytes(tokens(n, seed=n)) if n else b""
+        for unit in (4, 16):
+            for parent in (None, b"p" * 16):
+                for extra in (b"", salt_prefix("tenant")):
+                    assert chain_hashes(data, unit, parent, extra) == _chain_loop(
+                        data, unit, parent, extra
+                    ), (n, unit, parent, extra)
 
 
 def test_prefix_chains_equal_fresh_hashing() -> None:

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from relaykv.kvcache import CacheRole, KVCacheManager, KVEvent
+from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.serve.kv_cache_info import geometry_json
 from relaykv.serve.kv_events import KVEventBatch, wire_event
@@ -105,6 +106,34 @@ def test_sequence_gaps_duplicates_and_clear() -> None:
     assert b"c" * 16 not in index.maps[0]
     index.reset()
     assert index.expected is None and index.resets == 1
+
+
+def test_holders_bits_follow_every_engines_events() -> None:
+    # The shared key -> engines bitmask map is what decode scoring probes instead of each
+    # engine's map: after any stream of stores, removals, clears and resets it must hold
+    # exactly the engines' keys.
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    holders = KeyHolders()
+    indexes = [EngineIndex(geo, "decode", holders=holders) for _ in range(3)]
+    rng = random.Random(4)
+    keys = [bytes([i]) * 16 for i in range(24)]
+    for step in range(400):
+        index = indexes[rng.randrange(3)]
+        kind = rng.choice(["stored", "stored", "removed", "cleared", "reset"])
+        picked = tuple(rng.sample(keys, rng.randrange(1, 6)))
+        if kind == "reset":
+            index.reset()
+        else:
+            event = KVEvent(kind, rng.randrange(2), picked if kind != "cleared" else ())
+            index.apply(_payload([event], geo))
+        for group in range(2):
+            for index in indexes:
+                assert index.slot is not None
+                bit = 1 << index.slot
+                held = {k for k, mask in holders.group(group).items() if mask & bit}
+                assert held == set(index.maps[group]), step
+    indexes[0].close()
+    assert all(not mask & (1 << 0) for gmap in holders.maps for mask in gmap.values())
 
 
 def test_geometry_round_trip_and_errors() -> None:

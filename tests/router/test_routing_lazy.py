@@ -50,6 +50,9 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
         for ix, hit in zip(indexes, exact, strict=True):
             counts = partial(prompt.counts, routing.holders, ix)
             assert ix.hit_bound(prompt.request_for(ix), counts) >= hit
+            # A decode engine's exact hit from the shared holders' bits is the one from
+            # its own map (kvcache's reuse rule on either's probes).
+            assert ix.usable_hit(prompt.request_for(ix), counts) == hit
         full = CacheAwarePolicy().choose(
             [
                 Candidate(h, len(prompt_tokens), b.in_flight, cached_blocks=ix.num_blocks)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from itertools import compress
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
@@ -36,8 +36,9 @@ from relaykv.kvcache.request import CacheRequest, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention
 from relaykv.kvcache.stats import CacheStats
 
-# (index, block id) -> block id: None for a miss.
-_BLOCK: Callable[[tuple[int, int | None]], Any] = itemgetter(1)
+# (index, block id) -> block id: None (or another falsy probe) for a miss.
+_BLOCK: Callable[[tuple[int, Any]], Any] = itemgetter(1)
+T = TypeVar("T")
 
 Publishing = Callable[[CacheRequest, int], AbstractContextManager[object]]
 
@@ -265,15 +266,22 @@ def reusable_blocks(
     start, stop = held.start, min(held.stop, len(keys))
     if start >= stop:
         return {}
-    # Every step runs in C (a router scores decode engines with this): one probe per block;
-    # block ids are never 0 (the null block is never cached), so only a miss (None) is falsy.
-    if rule.peek:
-        # Block k is proven by block k+1 being held: the probe of k+1, one past the end.
-        found = list(map(gmap.get, keys[start : stop + 1]))
+    # Every step runs in C (a router scores decode engines with this): one probe per block,
+    # and under the peek one past the end (block k is proven by block k+1 being held).
+    found = list(map(gmap.get, keys[start : stop + 1 if rule.peek else stop]))
+    return cast(dict[int, int], reused_blocks(found, start, stop, rule.peek))
+
+
+def reused_blocks(found: Sequence[T], start: int, stop: int, peek: int) -> dict[int, T]:
+    """The reuse rule of `reusable_blocks` on its probes: `found[i]` is what the cache holds
+    for block `start + i` (falsy: nothing), with one probe past `stop` under the peek where
+    the prompt has that block. A router that knows which engines hold a key (one bitmask
+    per key, `relaykv.router.holders`) gives each engine's probes without a second pass."""
+    # Block ids are never 0 (the null block is never cached), so only a miss is falsy.
+    if peek:
         pairs = zip(range(start, stop), found, strict=False)  # found has one more
-        return cast(dict[int, int], dict(filter(_BLOCK, compress(pairs, found[1:]))))
-    pairs = zip(range(start, stop), map(gmap.get, keys[start:stop]), strict=True)
-    return cast(dict[int, int], dict(filter(_BLOCK, pairs)))
+        return dict(filter(_BLOCK, compress(pairs, found[1:])))
+    return dict(filter(_BLOCK, zip(range(start, stop), found, strict=True)))
 
 
 def tokens_local_everywhere(

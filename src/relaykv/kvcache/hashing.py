@@ -62,18 +62,49 @@ def chain_hashes(
     step = unit * 4
     full = len(data) - len(data) % step
     h = SEED_HASH if parent is None else parent
-    out: list[bytes] = []
-    append = out.append
-    start = 0
-    if full and first_extra:
+    if not full:
+        return []
+    if first_extra:
         h = _H(h + first_extra + data[:step])
-        append(h)
-        start = step
-    # The tightest pure-Python form (benchmarks/bench_router.py): slice every unit first,
-    # then one concatenation and one digest call per unit.
-    for chunk in [data[i : i + step] for i in range(start, full, step)]:
-        h = _H(h + chunk)
-        append(h)
+        if full == step:
+            return [h]
+        out = [h]
+        units = _units(data[step:full], step)
+    else:
+        out = [h]  # the parent, dropped below
+        units = _units(data[:full], step)
+    # The chain runs in C (benchmarks/bench_router.py: a router hashes every 64k-token prompt
+    # it routes): `map` reads `out`, which `extend` grows one hash at a time, so each unit is
+    # concatenated to the hash just appended. A list iterator sees items appended while it
+    # runs; the length check below proves it did.
+    start = len(out)
+    out.extend(map(_H, map(_CONCAT, out, units)))
+    if len(out) - start != len(units):  # an interpreter whose iterator stopped early
+        return _chain_loop(data, unit, parent, first_extra)
+    return out if first_extra else out[1:]
+
+
+_CONCAT = bytes.__add__
+
+
+def _units(data: bytes, step: int) -> list[bytes]:
+    """`data` (a multiple of `step` bytes) cut into `step`-byte units, in one C call."""
+    units: list[bytes] = np.frombuffer(data, dtype=np.dtype((np.void, step))).tolist()
+    return units
+
+
+def _chain_loop(
+    data: bytes, unit: int, parent: bytes | None = None, first_extra: bytes = b""
+) -> list[bytes]:
+    """`chain_hashes` as a plain loop: the reference the C-driven form is tested against."""
+    step = unit * 4
+    full = len(data) - len(data) % step
+    h = SEED_HASH if parent is None else parent
+    out: list[bytes] = []
+    for start in range(0, full, step):
+        extra = first_extra if start == 0 else b""
+        h = _H(h + extra + data[start : start + step])
+        out.append(h)
     return out
 
 
@@ -110,26 +141,38 @@ class PrefixChains:
         out: list[bytes] = []
         parent = SEED_HASH
         entries = self._entries
-        for start in range(0, whole, seg):
+        start = 0
+        # Memoised segments from unit 0 on, while they are found ...
+        while start < whole:
             extra = first_extra if start == 0 else b""
             material = parent + extra + data[start : start + seg]
             digest = _H(material)
             entry = entries.get(digest)
-            if entry is not None and entry[0] == material:
-                entries.move_to_end(digest)
-                hashes = entry[1]
-                self.hits += 1
-            else:
-                hashes = chain_hashes(data[start : start + seg], unit, parent, extra)
-                entries[digest] = (material, hashes)
-                if len(entries) > self.max_segments:
-                    entries.popitem(last=False)
-                self.misses += 1
+            if entry is None or entry[0] != material:
+                break
+            entries.move_to_end(digest)
+            hashes = entry[1]
+            self.hits += 1
             out.extend(hashes)
             parent = hashes[-1]
-        out.extend(
-            chain_hashes(data[whole:], unit, parent, first_extra if whole == 0 else b"")
-        )
+            start += seg
+        if start == len(data):
+            return out
+        # ... then the rest in one chain (one C-driven call, not one per segment), whose
+        # full segments are memoised for the prompts that follow.
+        first = len(out)
+        out.extend(chain_hashes(data[start:], unit, parent, first_extra if start == 0 else b""))
+        per_seg = self.segment_units
+        for at in range(start, whole, seg):
+            extra = first_extra if at == 0 else b""
+            material = parent + extra + data[at : at + seg]
+            hashes = out[first : first + per_seg]
+            entries[_H(material)] = (material, hashes)
+            if len(entries) > self.max_segments:
+                entries.popitem(last=False)
+            self.misses += 1
+            parent = hashes[-1]
+            first += per_seg
         return out
 
 

@@ -50,6 +50,38 @@ def find_longest_hit(
     req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
 ) -> LocalHit:
     """The exact local hit of `req` against `pool` (§5). `cap` defaults to N-1."""
+    candidate, proven_shared, cap = _resume_point(req, rules, pool, cap)
+    keys = [req.keys(g) for g in range(len(rules))]
+    maps = pool.maps
+    blocks = []
+    for rule in rules:
+        gmap, gkeys = maps[rule.index], keys[rule.index]
+        count = candidate // rule.block_size
+        need = rule.needed(candidate)
+        start = need.start if candidate > 0 else 0
+        table = [NULL_BLOCK] * start + list(map(gmap.__getitem__, gkeys[start:count]))
+        blocks.append(table)
+
+    junction = 0
+    if proven_shared is not None and proven_shared > candidate:
+        junction = junction_point(rules, proven_shared, cap)
+        if junction <= candidate:
+            junction = 0
+    return LocalHit(candidate, blocks, junction)
+
+
+def longest_hit_tokens(
+    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
+) -> int:
+    """`find_longest_hit(...).tokens` without building the block tables: what a router
+    scoring an engine's index needs (one probe per block fewer)."""
+    return _resume_point(req, rules, pool, cap)[0]
+
+
+def _resume_point(
+    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None
+) -> tuple[int, int | None, int]:
+    """(the exact resume point, tokens the full groups proved shared, the aligned cap)."""
     n = req.num_tokens
     cap = n - 1 if cap is None else min(cap, n - 1)
     alignment = rules[0].alignment
@@ -77,22 +109,7 @@ def find_longest_hit(
         if shrunk == candidate:
             break
         candidate = shrunk
-
-    blocks = []
-    for rule in rules:
-        gmap, gkeys = maps[rule.index], keys[rule.index]
-        count = candidate // rule.block_size
-        need = rule.needed(candidate)
-        start = need.start if candidate > 0 else 0
-        table = [NULL_BLOCK] * start + list(map(gmap.__getitem__, gkeys[start:count]))
-        blocks.append(table)
-
-    junction = 0
-    if proven_shared is not None and proven_shared > candidate:
-        junction = junction_point(rules, proven_shared, cap)
-        if junction <= candidate:
-            junction = 0
-    return LocalHit(candidate, blocks, junction)
+    return candidate, proven_shared, cap
 
 
 def junction_point(rules: tuple[GroupRules, ...], shared: int, cap: int) -> int:

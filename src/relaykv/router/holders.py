@@ -66,3 +66,9 @@ class PromptCounts:
 
     def held(self, slot: int) -> int:
         return int(np.count_nonzero(self._array & np.uint64(1 << slot)))
+
+    def found(self, slot: int, start: int, stop: int) -> list[int]:
+        """Per key `start..stop-1`, 1 where `slot` holds it, else 0: an engine's probes for
+        kvcache's `reused_blocks`, without probing its map again."""
+        bits = (self._array[start:stop] >> np.uint64(slot)) & np.uint64(1)
+        return bits.astype(np.int8).tolist()

@@ -3,8 +3,9 @@
 An `EngineIndex` keeps, per KV group, the set of block keys the engine can serve, fed by the
 engine's vLLM-format KV event batches (docs/kv-events.md) in sequence order. It exposes them
 as `maps` (key -> 1), the shape kvcache's lookup reads, so the router's "usable hit" is
-computed by the very code the engine runs (`relaykv.kvcache.find_longest_hit` with the prefill
-cap for a prefill engine, the P/D plan's local reuse for a decode engine), never re-implemented.
+computed by the very code the engine runs (kvcache's `find_longest_hit` resume point, as
+`longest_hit_tokens`, with the prefill cap for a prefill engine; the P/D plan's local reuse
+for a decode engine), never re-implemented.
 
 Sequence rules (`accept`):
 * the first batch seen after `reset()` may start anywhere; a caller that wants the full state
@@ -37,10 +38,14 @@ from relaykv.kvcache import (
     pd_plan,
     rules_for,
 )
-from relaykv.kvcache.decode_loads import reusable_blocks, tokens_local_everywhere
+from relaykv.kvcache.decode_loads import (
+    reusable_blocks,
+    reused_blocks,
+    tokens_local_everywhere,
+)
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains
-from relaykv.kvcache.lookup import find_longest_hit
+from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.router.holders import KeyHolders, PromptCounts
 
@@ -195,24 +200,42 @@ class EngineIndex:
                     self.holders.discard(group, keys, self.slot)
 
     # -- scoring -----------------------------------------------------------------------
-    def usable_hit(self, req: CacheRequest) -> int:
-        """Prompt tokens this engine would reuse for `req` (kvcache's own rules)."""
+    def usable_hit(
+        self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
+    ) -> int:
+        """Prompt tokens this engine would reuse for `req` (kvcache's own rules). `counts`
+        (a decode engine's): the prompt's keys in the router's shared holders map, which
+        give this engine's probes of those groups without probing its maps again."""
         if not req.num_tokens:
             return 0
         if self.role == "decode":
             n = req.num_prompt_tokens
             plan = pd_plan(self.geometry, self.pd_policy, n)
             if plan.common_resume:
-                return find_longest_hit(req, self.rules, self).tokens
-            local = [
-                reusable_blocks(req, rule, self.maps[rule.index], plan.held[rule.index])
-                for rule in self.rules
-            ]
+                return longest_hit_tokens(req, self.rules, self)
+            local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
             return tokens_local_everywhere(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
             cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
-        return find_longest_hit(req, self.rules, self, cap).tokens
+        return longest_hit_tokens(req, self.rules, self, cap)
+
+    def _local(
+        self,
+        req: CacheRequest,
+        rule: GroupRules,
+        held: range,
+        counts: Callable[[int], PromptCounts] | None,
+    ) -> dict[int, int]:
+        """kvcache's per-group reuse of `held` here; probes from the holders map when the
+        prompt's counts of this group are at hand (the full groups, after `hit_bound`)."""
+        if counts is None or self.slot is None or not rule.prefix_closed:
+            return reusable_blocks(req, rule, self.maps[rule.index], held)
+        stop = min(held.stop, len(req.keys(rule.index)))
+        if held.start >= stop:
+            return {}
+        found = counts(rule.index).found(self.slot, held.start, stop + 1 if rule.peek else stop)
+        return reused_blocks(found, held.start, stop, rule.peek)
 
     def resume_cap(self, req: CacheRequest) -> int:
         """The largest resume point this engine may use for `req` (the prefill cap on a

@@ -37,6 +37,10 @@ class Prompt:
             found = self._counts[key] = PromptCounts(holders, group, keys)
         return found
 
+    def recount(self) -> None:
+        """Forget the counts: the holders map changed (a new decision begins)."""
+        self._counts.clear()
+
     def request_for(self, index: EngineIndex) -> CacheRequest:
         """One hashed request per geometry, shared by every engine that has it."""
         key = index.geometry

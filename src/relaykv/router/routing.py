@@ -145,6 +145,8 @@ class Routing:
         policy = self.policies.get(pool.role)
         if policy is None:
             policy = self.policies[pool.role] = make_policy(self.mode, self.weights)
+        if prompt is not None:
+            prompt.recount()  # events since an earlier pick (a retry) change the holders
         candidates = []
         indexes: list[EngineIndex | None] = []
         pending: list[int] = []  # hits from prefixes in flight there (router/pending.py)
@@ -175,7 +177,8 @@ class Routing:
         def exact_hit(i: int) -> int:
             index = indexes[i]
             assert prompt is not None and index is not None
-            exact[i] = max(index.usable_hit(prompt.request_for(index)), pending[i])
+            counts = partial(prompt.counts, self.holders, index)
+            exact[i] = max(index.usable_hit(prompt.request_for(index), counts), pending[i])
             return exact[i]
 
         if isinstance(policy, CacheAwarePolicy):
