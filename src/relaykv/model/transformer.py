@@ -7,6 +7,8 @@ prefill chunk costs one LM-head row, not one per token.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,8 @@ from relaykv.model.config import ModelConfig
 from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
 from relaykv.model.rope import RotaryEmbedding
 
+M = TypeVar("M", bound=nn.Module)
+
 
 def empty_model(
     config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
@@ -22,7 +26,13 @@ def empty_model(
     """A model with uninitialised parameters (no init cost, no global RNG use): fill it."""
     with torch.device("meta"):
         model = CausalLM(config)
-    return model.to_empty(device=device).to(dtype)
+    return materialize(model, device).to(dtype)
+
+
+def materialize(module: M, device: torch.device | str) -> M:
+    """`module.to_empty(device=...)` without its `empty_like`: on meta tensors that goes
+    through torch's Python reference ops, whose first use imports sympy (~1 s a process)."""
+    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
 
 class CausalLM(nn.Module):
@@ -31,7 +41,11 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Built uninitialised (`empty_model` fills every parameter): nn.Embedding's own
+        # normal_ init has no native meta kernel, and on the meta device it imports torch's
+        # Python decompositions (~800 modules, 2-4 s of every process's startup).
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         self.layers = nn.ModuleList(
             DecoderLayer(config, config.layer_types[i], config.window_of(i), layer_key=i)
             for i in range(config.num_layers)
