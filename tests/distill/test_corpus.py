@@ -10,23 +10,32 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from relaykv.distill.corpus import collect_shard, load_shard, save_shard
 from relaykv.distill.data import build_corpus, split_validation
+from relaykv.distill.labels import SMALL_VOCAB
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.recipes import RECIPES
 from relaykv.model import load_model
 from relaykv.model.forward_context import DenseContext
+from relaykv.model.presets import init_random_weights
+from relaykv.model.transformer import empty_model
 
 SMALL = replace(
     RECIPES["tiny-hybrid"], num_prompts=6, prompt_tokens=12, gen_len=20, shard_prompts=3
 )
 
 
-def test_recorded_hidden_states_match_a_dense_forward() -> None:
-    loaded = load_model("tiny-hybrid")
-    target = loaded.model
+@pytest.mark.parametrize("vocab", [None, SMALL_VOCAB + 256])
+def test_recorded_hidden_states_match_a_dense_forward(vocab: int | None) -> None:
+    # vocab > SMALL_VOCAB: the engine samples through the shortlisted head
+    # (`labels.ShortlistHead.greedy_logits`); tokens must still be the full head's argmax.
+    target = load_model("tiny-hybrid").model
+    if vocab is not None:
+        config = target.config.with_updates(vocab_size=vocab)
+        target = init_random_weights(empty_model(config), seed=5).eval()
     gen = torch.Generator().manual_seed(3)
     # Different prompt lengths; more prompts than the engine runs at once (concurrency 2)
     # so some wait, and a 70-token prompt prefilled in chunks is not needed: lengths vary.

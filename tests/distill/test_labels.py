@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaykv.distill.labels import SMALL_VOCAB, label_hidden
+from relaykv.distill.labels import SMALL_VOCAB, ShortlistHead, label_hidden
 from relaykv.model import load_model
 from relaykv.model.forward_context import DenseContext
 from relaykv.model.presets import init_random_weights
@@ -39,3 +39,17 @@ def test_labels_are_the_float32_argmax_and_candidates_its_top_c(vocab: int | Non
     assert torch.equal(labels, logits.argmax(dim=-1))
     assert torch.equal(cands[:, 0], labels) and cands.shape == (len(hidden), 4)
     assert torch.equal(cands, logits.topk(4, dim=-1).indices)
+
+
+@pytest.mark.parametrize("vocab", [None, 3 * SMALL_VOCAB])
+def test_greedy_logits_pick_the_float32_argmax(vocab: int | None) -> None:
+    model = load_model("tiny-hybrid").model
+    if vocab is not None:
+        config = model.config.with_updates(vocab_size=vocab)
+        model = init_random_weights(empty_model(config), seed=6).eval()
+    hidden = _hidden(model, seed=1)
+    with torch.no_grad():
+        logits = model.logits(hidden)
+    greedy = ShortlistHead(model).greedy_logits(hidden)
+    assert greedy.shape == logits.shape
+    assert torch.equal(greedy.argmax(dim=-1), logits.argmax(dim=-1))

@@ -14,7 +14,7 @@ from relaykv.distill.data import build_corpus, load_corpus
 from relaykv.distill.evaluate import measure_acceptance, top1_agreement
 from relaykv.distill.heldout import held_out_prompts
 from relaykv.distill.recipes import RECIPES
-from relaykv.distill.trainer import stack_corpus, train_draft
+from relaykv.distill.trainer import pick_batch, stack_corpus, train_draft
 from relaykv.model import load_model, random_draft
 
 RECIPE = replace(
@@ -53,12 +53,20 @@ def test_a_distilled_draft_beats_a_random_one_and_stays_lossless(corpus, tmp_pat
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"candidates": 4, "unroll_weight": 0.5, "ce_weight": 0.3}],
-    ids=["full-vocabulary", "candidates-unrolled"],
+    [
+        {},
+        {"candidates": 4, "unroll_weight": 0.5, "ce_weight": 0.3},
+        {"generated_share": 0.25},
+    ],
+    ids=["full-vocabulary", "candidates-unrolled", "generated-share"],
 )
 def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path, changes) -> None:
     loaded, data = corpus
     recipe = replace(RECIPE, token_budget=10 * 8 * 62, **changes)
+    if "generated_share" in changes:  # half the sequences stand for teacher-forced text
+        data = replace(data, generated=torch.arange(len(data.tokens)) % 2 == 0)
+        picks = [pick_batch(recipe, data, torch.Generator().manual_seed(s)) for s in range(5)]
+        assert all(int(data.generated[p].sum()) == 2 and len(set(p.tolist())) == 8 for p in picks)
     straight = train_draft(loaded.model, recipe, data, tmp_path / "a.pt", progress=False)
 
     def stop_at(step: int) -> None:

@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     from relaykv.distill.data import build_corpus, load_corpus, split_validation
     from relaykv.distill.evaluate import measure_acceptance, top1_agreement
     from relaykv.distill.heldout import held_out_prompts
-    from relaykv.distill.trainer import stack_corpus, train_draft
+    from relaykv.distill.trainer import positions_per_step, stack_corpus, train_draft
     from relaykv.model import (
         PackageNotInstalled,
         load_eagle_checkpoint,
@@ -96,10 +96,10 @@ def _run(args: argparse.Namespace) -> int:
         "out": str(out),
         "corpus_sequences": len(data.tokens),
         "corpus_tokens": sum(s.num_tokens for s in shards),
-        "trained_positions": int(torch.load(out / "train" / "state.pt", weights_only=True)["step"])
-        * recipe.batch_sequences
-        * data.positions
-        // len(data.tokens),
+        "trained_positions": int(
+            int(torch.load(out / "train" / "state.pt", weights_only=True)["step"])
+            * positions_per_step(recipe, data)
+        ),
         "wall_s": round(time.monotonic() - started, 1),
         "corpus_wall_s": round(corpus_s, 1),
         "train_top1": round(top1_agreement(loaded.model, draft, data), 4),

@@ -8,34 +8,73 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from relaykv.distill.corpus import Shard, collect_shard, load_shard, sample_openers, save_shard
+from relaykv.distill.corpus import (
+    Shard,
+    collect_shard,
+    load_shard,
+    sample_openers,
+    save_shard,
+)
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.prompts import OPENERS
 from relaykv.distill.recipes import Recipe
 from relaykv.distill.text_corpus import text_windows
 from relaykv.model import LoadedModel
+from relaykv.model.loading.tokenizer import Tokenizer
 
 
-def shard_prompts(
-    recipe: Recipe, loaded: LoadedModel, index: int
-) -> tuple[list[list[int]], list[int]]:
-    """Prompt ids (before sampling) and seeds of shard `index`; deterministic."""
-    first = index * recipe.shard_prompts
-    ids = range(first, min(first + recipe.shard_prompts, recipe.num_prompts))
-    if recipe.prompt_source == "random":
-        gen = torch.Generator().manual_seed(recipe.seed + index)
-        vocab = loaded.config.vocab_size
-        rows = torch.randint(3, vocab, (len(ids), recipe.prompt_tokens), generator=gen)
-        return rows.tolist(), list(ids)
-    tokenizer = loaded.tokenizer
-    if tokenizer is None:
-        raise ValueError(f"{recipe.model}: the openers recipe needs a tokenizer")
-    prompts = [tokenizer.encode(OPENERS[i % len(OPENERS)]) for i in ids]
-    return prompts, [recipe.seed * 100_003 + i for i in ids]
+class PromptSource:
+    """A recipe's generation prompts, deterministic: prompt i < `num_prompts` is an opener
+    (random ids for `random` recipes) followed by its seeded sampled tail; the
+    next `doc_prompts` are the first `doc_prompt_tokens` tokens of seeded offline-text
+    windows (`text_corpus`), used as they are."""
+
+    def __init__(self, recipe: Recipe, loaded: LoadedModel) -> None:
+        self.recipe, self.loaded = recipe, loaded
+        self._docs: list[list[int]] | None = None
+
+    @property
+    def total(self) -> int:
+        return self.recipe.num_prompts + self.recipe.doc_prompts
+
+    def shard(self, index: int) -> list[list[int]]:
+        """The prompts of shard `index`, openers' tails already sampled."""
+        recipe, loaded = self.recipe, self.loaded
+        first = index * recipe.shard_prompts
+        ids = range(first, min(first + recipe.shard_prompts, self.total))
+        openers = [i for i in ids if i < recipe.num_prompts]
+        prompts: list[list[int]] = []
+        if openers and recipe.prompt_source == "random":
+            gen = torch.Generator().manual_seed(recipe.seed + index)
+            vocab = loaded.config.vocab_size
+            prompts = torch.randint(
+                3, vocab, (len(openers), recipe.prompt_tokens), generator=gen
+            ).tolist()
+        elif openers:
+            tokenizer = self._tokenizer()
+            texts = [tokenizer.encode(OPENERS[i % len(OPENERS)]) for i in openers]
+            seeds = [recipe.seed * 100_003 + i for i in openers]
+            prompts = sample_openers(loaded.model, texts, recipe.prompt_tokens, seeds)
+        docs = [i - recipe.num_prompts for i in ids if i >= recipe.num_prompts]
+        if docs:
+            if self._docs is None:
+                self._docs = text_windows(
+                    self._tokenizer(), recipe.doc_prompts, recipe.doc_prompt_tokens, DOC_SEED
+                )
+            prompts += [self._docs[j] for j in docs if j < len(self._docs)]
+        return prompts
+
+    def _tokenizer(self) -> Tokenizer:
+        if self.loaded.tokenizer is None:
+            raise ValueError(f"{self.recipe.model}: natural prompts need a tokenizer")
+        return self.loaded.tokenizer
+
+
+DOC_SEED = 4_242  # offline-text prompt windows: a sample apart from the teacher-forced one
 
 
 def num_shards(recipe: Recipe) -> int:
-    return -(-recipe.num_prompts // recipe.shard_prompts)
+    return -(-(recipe.num_prompts + recipe.doc_prompts) // recipe.shard_prompts)
 
 
 def build_corpus(
@@ -54,9 +93,10 @@ def build_generated(
 ) -> list[Path]:
     data_dir.mkdir(parents=True, exist_ok=True)
     paths = [data_dir / f"shard-{i:04d}.safetensors" for i in range(num_shards(recipe))]
-    total = recipe.num_prompts * recipe.gen_len
+    source = PromptSource(recipe, loaded)
+    total = source.total * recipe.gen_len
     done = sum(
-        min(recipe.shard_prompts, recipe.num_prompts - i * recipe.shard_prompts) * recipe.gen_len
+        min(recipe.shard_prompts, source.total - i * recipe.shard_prompts) * recipe.gen_len
         for i, p in enumerate(paths)
         if p.is_file()
     )
@@ -71,12 +111,9 @@ def build_generated(
         for i, path in enumerate(paths):
             if path.is_file():
                 continue
-            prompts, seeds = shard_prompts(recipe, loaded, i)
-            if recipe.prompt_source == "openers":
-                prompts = sample_openers(loaded.model, prompts, recipe.prompt_tokens, seeds)
             shard = collect_shard(
                 loaded.model,
-                prompts,
+                source.shard(i),
                 recipe.gen_len,
                 loaded.eos_token_ids,
                 concurrency=recipe.shard_prompts,

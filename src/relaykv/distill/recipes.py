@@ -26,6 +26,10 @@ class Recipe:
     batch_sequences: int  # sequences per optimiser step
     lr: float
     seed: int = 7
+    # Natural prompts from offline text (`text_corpus`): `doc_prompts` windows' first
+    # `doc_prompt_tokens` tokens, continued greedily for `gen_len` like the openers.
+    doc_prompts: int = 0
+    doc_prompt_tokens: int = 32
     # Teacher-forced offline text (`text_corpus`): windows of `text_len` tokens, written
     # `shard_windows` per shard; 0 windows: generated text only.
     text_windows: int = 0
@@ -36,6 +40,9 @@ class Recipe:
     candidates: int = 0
     ce_weight: float = 1.0  # loss = smooth L1 on the hidden state + ce_weight * CE
     unroll_weight: float = 0.0  # > 0: also train a pass fed with the draft's own outputs
+    # > 0: each batch draws this share of its sequences from the generated ones (the
+    # serving distribution, a small part of the corpus), the rest from the text windows.
+    generated_share: float = 0.0
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
 
 
@@ -69,12 +76,15 @@ RECIPES: dict[str, Recipe] = {
         token_budget=700_000,
         batch_sequences=8,
         lr=1e-3,
+        doc_prompts=192,
+        doc_prompt_tokens=32,
         text_windows=1536,
         text_len=256,
         shard_windows=32,
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
+        generated_share=0.25,
         checkpoint_every=10,
     ),
 }

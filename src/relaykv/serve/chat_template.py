@@ -100,28 +100,24 @@ def _from_hf_dir(root: Path) -> TemplateSource | None:
 
 
 def _from_gguf(path: Path) -> TemplateSource | None:
-    try:
-        from gguf import GGUFReader
-    except ImportError:  # pragma: no cover - gguf is a core dependency
-        return None
-    reader = GGUFReader(str(path))
-    field = reader.fields.get("tokenizer.chat_template")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    # relaykv's own header reader: `gguf.GGUFReader` takes ~15 s over Gemma's 262k-token
+    # vocabulary, and this ran at every engine start (model/loading/gguf_header.py).
+    from relaykv.model.loading.gguf_header import GGUFHeader
+
+    meta = GGUFHeader(path).metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
 
     def token(key: str) -> str | None:
-        ident = reader.fields.get(key)
-        if tokens is None or ident is None:
+        index = meta.get(key)
+        if not isinstance(tokens, list) or not isinstance(index, int):
             return None
-        index = int(ident.contents())
-        if not 0 <= index < len(tokens.data):
-            return None
-        return bytes(tokens.parts[tokens.data[index]]).decode("utf-8", errors="replace")
+        return str(tokens[index]) if 0 <= index < len(tokens) else None
 
     bos, eos = token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
-    if field is None:
-        arch = reader.fields.get("general.architecture")
-        return _builtin(arch.contents() if arch is not None else None, bos, eos, str(path))
-    return TemplateSource(str(field.contents()), bos, eos, f"{path} tokenizer.chat_template")
+    template = meta.get("tokenizer.chat_template")
+    if template is None:
+        return _builtin(meta.get("general.architecture"), bos, eos, str(path))
+    return TemplateSource(str(template), bos, eos, f"{path} tokenizer.chat_template")
 
 
 def find_chat_template(source: str | Path) -> TemplateSource | None:

@@ -1,16 +1,17 @@
 """The A/B workload: groups of prefix_repetition requests (the seed's c1/output1 style).
 
 A group `cC/outputO:N` sends N prompts at concurrency C, each asking for O tokens, after
-the warmups (copies of the group's first request, unmeasured and not counted in the
-engine counters). Group i uses seed `seed + i`, so groups do not share prefixes with each
-other and every configuration sees identical prompts.
+the warmups (copies of the group's first prompt asking for one token: their job is to put
+the group's prefix in the caches, and a long-output group's warmup then costs no decode
+time; unmeasured and not counted in the engine counters). Group i uses seed `seed + i`, so
+groups do not share prefixes with each other and every configuration sees identical prompts.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaykv.bench.client import ApiTarget
@@ -112,7 +113,7 @@ async def run_group(
     if workload.num_warmups:
         await run_requests(
             target,
-            [requests[0]] * workload.num_warmups,
+            [replace(requests[0], output_len=1)] * workload.num_warmups,
             shape,
             progress=progress,
             desc=f"{group.label} warmup",

@@ -50,12 +50,25 @@ def _added(tokens: list[str], types: list[int] | None) -> list[AddedToken]:
 
 def build_gguf_tokenizer(meta: dict[str, Any], architecture: str) -> HFTokenizer:
     """A tokenizer from `tokenizer.ggml.*` metadata values (already decoded to Python)."""
+    return wrap_gguf_tokenizer(build_gguf_model(meta, architecture), meta)
+
+
+def wrap_gguf_tokenizer(model: Tokenizer, meta: dict[str, Any]) -> HFTokenizer:
+    """The runtime tokenizer around `model` with the metadata's BOS and EOS."""
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return HFTokenizer(
+        model,
+        [int(eos)] if eos is not None else [],
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def build_gguf_model(meta: dict[str, Any], architecture: str) -> Tokenizer:
+    """The `tokenizers` model the metadata describes (the slow part: merges for `llama`)."""
     kind = meta.get("tokenizer.ggml.model")
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types = meta.get("tokenizer.ggml.token_type")
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     if kind == "gpt2":
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
         model = BPE({t: i for i, t in enumerate(tokens)}, merges)
@@ -102,5 +115,4 @@ def build_gguf_tokenizer(meta: dict[str, Any], architecture: str) -> HFTokenizer
     added = _added(tokens, types)
     tok.add_special_tokens([t for t in added if t.special])
     tok.add_tokens([t for t in added if not t.special])
-    eos_ids = [int(eos)] if eos is not None else []
-    return HFTokenizer(tok, eos_ids, bos_token_id=bos, add_bos=add_bos)
+    return tok

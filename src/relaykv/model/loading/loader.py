@@ -2,7 +2,8 @@
 
 `spec` is `tiny-hybrid` (the embedded default), a packaged preset (`gemma3-270m`,
 `smollm2-135m`), a Hugging Face directory, or a `.gguf` file. Weights are converted to
-the runtime dtype; the tokenizer is built on first use (a GGUF vocabulary takes seconds).
+the runtime dtype; the tokenizer is built on first use (a GGUF vocabulary takes seconds the
+first time, then comes from the cache: `tokenizer_cache`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import torch
 
 from relaykv.model.config import ModelConfig
 from relaykv.model.loading.gguf_file import read_gguf
-from relaykv.model.loading.gguf_tokenizer import build_gguf_tokenizer
 from relaykv.model.loading.hf_dir import read_hf_dir, read_hf_tokenizer
 from relaykv.model.loading.packaged import gemma3_270m_path, smollm2_135m_path
 from relaykv.model.loading.tokenizer import ByteTokenizer, Tokenizer
+from relaykv.model.loading.tokenizer_cache import cached_gguf_tokenizer, default_root
 from relaykv.model.loading.weight_map import load_hf_weights
 from relaykv.model.presets import PRESET_NAMES, tiny_hybrid
 from relaykv.model.transformer import CausalLM, empty_model
@@ -76,7 +77,10 @@ def load_gguf(
     arch = str(meta.get("general.architecture"))
     token_meta = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     return LoadedModel(
-        name or Path(path).stem, model, str(path), lambda: build_gguf_tokenizer(token_meta, arch)
+        name or Path(path).stem,
+        model,
+        str(path),
+        lambda: cached_gguf_tokenizer(token_meta, arch, default_root()),
     )
 
 
