@@ -3,17 +3,31 @@
 One KV transfer secret for the whole session (docs/security.md): in-process engines, the
 standalone peers and every `relaykv serve --role prefill|decode` a test starts read it
 through `$RELAYKV_KV_SECRET_FILE`, as the engines of one `relaykv up` cluster do.
+
+One OpenMP thread per process (`OMP_NUM_THREADS=1`, for the test process and every engine
+it starts) unless the caller sets `OMP_NUM_THREADS` itself: the suite runs up to a dozen
+torch processes at once on CI's 2 cores, where OpenMP's spinning workers turn each other's
+load into slowdowns of 3-10x (tiny-hybrid's forced-preemption test: 5-18 s with the default
+threads, 1.9 s with one; `benchmarks/sim_validate.py` pins its engines the same way). What
+the tests compare is computed in the same configuration as its reference.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
 
 from relaykv.transfer.transport.auth import SECRET_ENV, write_secret_file
+
+# At import, not in pytest_configure: the conftests of the paths on the command line (torch
+# in tests/model/conftest.py) are imported before any pytest_configure runs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin already: too late for the variable
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 _secret_dir: str | None = None
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.waiting import wait_until
+
 from .attacker import attack_as_nobody
 from .harness import UpCluster, run_load
 
@@ -210,8 +212,18 @@ def test_kill9_under_load(cluster: UpCluster, role: str) -> None:
         assert all(o.status in (200, -1) for o in outcomes)
     else:  # the router retries on the other engine, D recomputes what P can no longer send
         assert ok == len(outcomes), [o.error for o in outcomes if o.status != 200]
-    time.sleep(2.5)  # the router's next health check puts the engine back into rotation
+    # The router's next health check puts the engine back into rotation.
+    wait_until(lambda: _all_in_rotation(cluster), timeout=30, interval=0.05,
+               what="the router to route to every engine again")
     _unchanged(cluster)
+
+
+def _all_in_rotation(up: UpCluster) -> bool:
+    try:
+        body = httpx.get(f"{up.router}/health", headers=AUTH, timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return all(b["healthy"] for role in ("prefill", "decode") for b in body[role])
 
 
 def test_sigterm_under_load_drains_and_every_member_exits_0(cluster: UpCluster) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -28,6 +30,18 @@ def _start(policy: str, transport: str) -> Cluster:
     )
     cluster.start(timeout=300)
     return cluster
+
+
+@pytest.fixture(scope="module")
+def stop_later() -> Iterator[Callable[[Cluster], None]]:
+    """Stops clusters in the background, so that one cluster's ordered drain (seconds of
+    waiting for exits) overlaps the next one's start. Every stop is waited for, and any
+    error it raised is raised, when the module's tests are done."""
+    stops: list[Future[dict[str, int]]] = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield lambda cluster: stops.append(pool.submit(cluster.stop))
+    for stop in stops:
+        stop.result()
 
 
 @pytest.fixture(scope="module")
@@ -85,42 +99,47 @@ def _probe(url: str) -> dict[str, dict[str, int]]:
     return {p.name: p.as_dict() for p in report.phases}
 
 
-def test_policies_end_to_end(colocated_engine) -> None:
+def test_policies_end_to_end(colocated_engine, stop_later) -> None:
     """Every policy, one cluster each: exact tokens, the probe's reuse, pools back to empty."""
     prompts = _prompts(1)
     expected = _expected(colocated_engine, prompts, 12)
-    first_load_bytes = None
     for policy in ("legacy", "replay-slack", "exact", "per-group"):
         cluster = _start(policy, "shm")
         try:
-            assert _through_router(cluster.router.url, prompts, 12) == expected, policy
-            phases = _probe(cluster.router.url)
-            local = {name: p["local_hit_tokens"] for name, p in phases.items()}
-            assert local["first_load"] == 0
-            if policy in ("legacy", "replay-slack"):
-                # The draft sits in the full group: the collapse of docs/design.md §7, which the
-                # published fix (replay-slack) does not cover.
-                assert local["serial"] == 0 and local["overlap"] == 0, (policy, local)
-            elif policy == "exact":
-                assert local["serial"] >= PREFIX  # the resend hits like a colocated engine
-                assert local["overlap"] >= 2 * (PREFIX - 16)
-            else:
-                # All of x in the full group for both siblings; only the delta and one
-                # window cross the wire.
-                assert local["serial"] >= 2 * (PREFIX - 16)
-                assert local["overlap"] >= 2 * (PREFIX - 16)
-                first_load_bytes = phases["first_load"]["kv_bytes_received"]
-                assert phases["serial"]["kv_bytes_received"] < first_load_bytes / 4
-            assert _pools_empty(cluster), policy
+            _check_policy(cluster, policy, prompts, expected)
         finally:
-            cluster.stop()
+            stop_later(cluster)
+
+
+def _check_policy(
+    cluster: Cluster, policy: str, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    assert _through_router(cluster.router.url, prompts, 12) == expected, policy
+    phases = _probe(cluster.router.url)
+    local = {name: p["local_hit_tokens"] for name, p in phases.items()}
+    assert local["first_load"] == 0
+    if policy in ("legacy", "replay-slack"):
+        # The draft sits in the full group: the collapse of docs/design.md §7, which the
+        # published fix (replay-slack) does not cover.
+        assert local["serial"] == 0 and local["overlap"] == 0, (policy, local)
+    elif policy == "exact":
+        assert local["serial"] >= PREFIX  # the resend hits like a colocated engine
+        assert local["overlap"] >= 2 * (PREFIX - 16)
+    else:
+        # All of x in the full group for both siblings; only the delta and one
+        # window cross the wire.
+        assert local["serial"] >= 2 * (PREFIX - 16)
+        assert local["overlap"] >= 2 * (PREFIX - 16)
+        first_load_bytes = phases["first_load"]["kv_bytes_received"]
+        assert phases["serial"]["kv_bytes_received"] < first_load_bytes / 4
+    assert _pools_empty(cluster), policy
 
 
 @pytest.mark.parametrize(
     "transport",
     [t for t, why in availability().items() if why is None and t != "shm"],
 )
-def test_transports_across_processes(colocated_engine, transport: str) -> None:
+def test_transports_across_processes(colocated_engine, stop_later, transport: str) -> None:
     prompts = _prompts(2)
     cluster = _start("per-group", transport)
     try:
@@ -129,10 +148,10 @@ def test_transports_across_processes(colocated_engine, transport: str) -> None:
         )
         assert _pools_empty(cluster)
     finally:
-        cluster.stop()
+        stop_later(cluster)
 
 
-def test_soak_200_requests_at_concurrency_16() -> None:
+def test_soak_200_requests_at_concurrency_16(stop_later) -> None:
     cluster = _start("per-group", "shm")
     rng = random.Random(3)
     shared = [rng.randrange(1, 256) for _ in range(400)]
@@ -171,4 +190,4 @@ def test_soak_200_requests_at_concurrency_16() -> None:
         counted = 'relaykv:router_responses_total{endpoint="/v1/completions",status="200"} 200.0'
         assert counted in metrics
     finally:
-        cluster.stop()
+        stop_later(cluster)

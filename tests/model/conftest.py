@@ -18,6 +18,13 @@ def tiny() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m() -> LoadedModel:
+    """Gemma-3-270M, loaded once for the session (a GGUF dequantised on CPU takes ~10 s).
+    The tests that use it only read it; the caller skips when the package is missing."""
+    return load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tiny: LoadedModel):
     from relaykv.model import default_draft
 

