@@ -3,8 +3,11 @@ hand with `ManualClock` where the code under test takes a `clock`."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+
+import httpx
 
 
 def wait_until(
@@ -22,6 +25,25 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_server_healthy(
+    url: str,
+    proc: subprocess.Popen,
+    timeout: float,
+    log_tail: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll `url`/health until it answers 200; fail at once (with `log_tail()`) if the server
+    process exits, and after `timeout` seconds otherwise."""
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"the server exited: {log_tail()}"
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, timeout=timeout, interval=0.2, what=f"{url}/health")
 
 
 class ManualClock:

@@ -16,15 +16,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from relaykv.cli import main
 from tests.serve.harness import free_socket
+from tests.waiting import wait_server_healthy
 
 VENV = os.environ.get("RELAYKV_CLIENT_VENV", "")
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -37,19 +36,6 @@ pytestmark = [
     ),
 ]
 N, IN, OUT = 8, 128, 16
-
-
-def _wait_ready(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(url)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -79,7 +65,7 @@ def serve_url() -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_server_healthy(url, proc, timeout=120)
         yield url
     finally:
         _stop(proc)

@@ -25,23 +25,13 @@ from relaykv.model import ModelRunner, is_installed
 from relaykv.model.loading.gguf_tokenizer import build_gguf_tokenizer
 from relaykv.model.offline import OfflineGenerator
 
+from .gguf_vocab import gemma_like_meta
+
 LIVE = os.environ.get("RELAYKV_LIVE_REFERENCE") == "1"
-NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
 
 
 def test_user_defined_tokens_are_text_and_control_tokens_are_special() -> None:
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    tokens += ["\n", "\n\n", "a", "b", "ab", " "]
-    types = [CONTROL] * 6 + [USER_DEFINED] * 2 + [NORMAL] * 4
-    meta = {
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 2,
-        "tokenizer.ggml.eos_token_id": 1,
-        "tokenizer.ggml.unknown_token_id": 3,
-        "tokenizer.ggml.add_bos_token": True,
-    }
+    meta = gemma_like_meta(["a", "b", "ab", " "])
     tok = build_gguf_tokenizer(meta, "gemma3")
     ids = tok.encode("<start_of_turn>ab\n\nab<end_of_turn>\na")
     assert ids == [2, 4, 10, 7, 10, 5, 6, 8]

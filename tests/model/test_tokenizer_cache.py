@@ -8,23 +8,13 @@ from pathlib import Path
 from relaykv.model.loading.gguf_tokenizer import build_gguf_tokenizer
 from relaykv.model.loading.tokenizer_cache import SUBDIR, cache_key, cached_gguf_tokenizer
 
-NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
+from .gguf_vocab import gemma_like_meta
+
 TEXTS = ["<start_of_turn>ab\n\nab<end_of_turn>\na", "abba ba", "", "zz ab\n"]
 
 
 def _meta(extra: str = "ba") -> dict:
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    tokens += ["\n", "\n\n", "a", "b", "ab", " ", extra, "abb"]
-    types = [CONTROL] * 6 + [USER_DEFINED] * 2 + [NORMAL] * 6
-    return {
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 2,
-        "tokenizer.ggml.eos_token_id": 1,
-        "tokenizer.ggml.unknown_token_id": 3,
-        "tokenizer.ggml.add_bos_token": True,
-    }
+    return gemma_like_meta(["a", "b", "ab", " ", extra, "abb"])
 
 
 def _same(a, b) -> None:

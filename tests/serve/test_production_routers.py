@@ -39,6 +39,7 @@ import pytest
 from relaykv.bench.prometheus import parse_samples
 from relaykv.cli import main
 from relaykv.launch.cluster import Cluster, free_port
+from tests.waiting import wait_server_healthy
 
 from .harness import ServerThread, reference_served
 
@@ -111,17 +112,15 @@ class Front:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text(errors="replace")[-2000:]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"{argv[0]} did not start: {log.read_text(errors='replace')[-2000:]}")
+
+        def log_tail() -> str:
+            return log.read_text(errors="replace")[-2000:]
+
+        try:
+            wait_server_healthy(self.url, self.proc, timeout=60, log_tail=log_tail)
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"{argv[0]} did not start: {log_tail()}") from None
 
     def stop(self) -> None:
         self.proc.terminate()

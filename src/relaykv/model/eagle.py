@@ -29,6 +29,7 @@ from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
 from relaykv.model.loading.export import layer_state
 from relaykv.model.loading.weight_map import load_layer
 from relaykv.model.rope import RotaryEmbedding
+from relaykv.model.transformer import materialize
 
 DRAFT_ROPE_KEY = "draft"
 
@@ -116,7 +117,7 @@ def random_draft(
     config = draft_config_for(target, window)
     with torch.device("meta"):
         draft = EagleDraft(config, fc_bias=True)
-    draft = draft.to_empty(device="cpu")
+    draft = materialize(draft, "cpu")  # to_empty's meta path imports sympy (~1 s)
     init_draft_weights(draft, seed)
     return draft.to(dtype)
 
