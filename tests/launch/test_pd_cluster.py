@@ -24,6 +24,8 @@ ENGINE_ARGS = ["--model", "tiny-hybrid", "--speculative-tokens", "2", "--num-blo
                "--max-model-len", "2048", "--kv-transfer-timeout", "20"]
 PREFIX, SUFFIX = 1024, 16
 
+pytestmark = pytest.mark.slow
+
 
 def _start(policy: str, transport: str, logs: Path) -> Cluster:
     cluster = Cluster(

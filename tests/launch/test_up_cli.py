@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 
+@pytest.mark.slow
 def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykv", "up", "--json", "--num-blocks", "300",
