@@ -11,11 +11,15 @@ import sys
 import httpx
 import pytest
 
+from relaykv.launch.cli import engine_threads
+from relaykv.serve import cpu_threads
+
 
 def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykv", "up", "--json", "--num-blocks", "300",
-         "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path)],
+         "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path),
+         "--torch-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -37,6 +41,8 @@ def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
                 httpx.get(f"{url}/health", timeout=2)
         assert {p.name for p in tmp_path.iterdir()} == {"prefill0.log", "decode0.log",
                                                         "router.log"}
+        for engine in ("prefill0", "decode0"):  # the flag beats the suite's OMP_NUM_THREADS=1
+            assert "torch threads: 2" in (tmp_path / f"{engine}.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -47,3 +53,16 @@ def test_up_rejects_bad_counts() -> None:
     proc = subprocess.run([sys.executable, "-m", "relaykv", "up", "--num-decode", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--num-prefill/--num-decode" in proc.stderr
+
+
+def test_engine_threads_split_the_cpus_unless_told(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 16)
+    monkeypatch.delenv(cpu_threads.OMP_ENV, raising=False)
+    assert engine_threads(None, 2) == 8  # P and D share the 16 CPUs
+    assert engine_threads(None, 3) == 5
+    assert engine_threads(3, 2) == 3  # the flag wins
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 2)
+    assert engine_threads(None, 4) == 1  # never 0
+    monkeypatch.setenv(cpu_threads.OMP_ENV, "1")
+    assert engine_threads(None, 2) is None  # the members inherit OMP_NUM_THREADS
+    assert engine_threads(2, 2) == 2
