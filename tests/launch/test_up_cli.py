@@ -11,8 +11,7 @@ import sys
 import httpx
 import pytest
 
-from relaykv.launch.cli import engine_threads
-from relaykv.serve import cpu_threads
+from relaykv.serve.cpu_threads import colocated_engine_env
 
 
 def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
@@ -21,7 +20,8 @@ def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
          "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path),
          "--torch-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"},
+             "PYTHONUNBUFFERED": "1"},
     )
     try:
         line = proc.stdout.readline()  # blocks until the cluster is ready (or up exits)
@@ -42,7 +42,8 @@ def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
         assert {p.name for p in tmp_path.iterdir()} == {"prefill0.log", "decode0.log",
                                                         "router.log"}
         for engine in ("prefill0", "decode0"):  # the flag beats the suite's OMP_NUM_THREADS=1
-            assert "torch threads: 2" in (tmp_path / f"{engine}.log").read_text()
+            log = (tmp_path / f"{engine}.log").read_text()
+            assert "torch threads: 2 (OMP_WAIT_POLICY=PASSIVE)" in log
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -55,14 +56,6 @@ def test_up_rejects_bad_counts() -> None:
     assert proc.returncode == 2 and "--num-prefill/--num-decode" in proc.stderr
 
 
-def test_engine_threads_split_the_cpus_unless_told(monkeypatch) -> None:
-    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 16)
-    monkeypatch.delenv(cpu_threads.OMP_ENV, raising=False)
-    assert engine_threads(None, 2) == 8  # P and D share the 16 CPUs
-    assert engine_threads(None, 3) == 5
-    assert engine_threads(3, 2) == 3  # the flag wins
-    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 2)
-    assert engine_threads(None, 4) == 1  # never 0
-    monkeypatch.setenv(cpu_threads.OMP_ENV, "1")
-    assert engine_threads(None, 2) is None  # the members inherit OMP_NUM_THREADS
-    assert engine_threads(2, 2) == 2
+def test_colocated_engines_get_a_passive_openmp_wait_policy_unless_set() -> None:
+    assert colocated_engine_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert colocated_engine_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
 from relaykv.private_files import API_KEY_ENV, PrivateFileError, resolve_api_key
-from relaykv.serve.cpu_threads import OMP_ENV, positive_threads, threads_per_engine
+from relaykv.serve.cpu_threads import colocated_engine_env, positive_threads
 from relaykv.serve.options import DEFAULT_PD_POLICY, PD_POLICIES
 from relaykv.serve.pd_wiring import (
     KV_SECRET_ENV,
@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the router's engine choice (docs/routing.md); cache-aware turns "
                         "on every engine's KV events")
     parser.add_argument("--torch-threads", type=positive_threads, default=None, metavar="N",
-                        help="torch (OpenMP) threads per engine (default: this machine's CPUs "
-                        f"split among the engines, at least 1; with ${OMP_ENV} set, that); "
-                        "docs/serving.md, 'CPU threads'")
+                        help="torch (OpenMP) threads per engine (default: torch's, one per CPU "
+                        "or $OMP_NUM_THREADS); the engines' idle OpenMP workers sleep "
+                        "(OMP_WAIT_POLICY=PASSIVE unless set): docs/serving.md, 'CPU threads'")
     parser.add_argument("--host", default="127.0.0.1", help="address every member binds")
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free one)")
     parser.add_argument("--api-key", default=None,
@@ -113,25 +113,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             shutil.rmtree(secret_dir, ignore_errors=True)
 
 
-def engine_threads(given: int | None, engines: int) -> int | None:
-    """Each engine's `--torch-threads`: the flag; else the environment's OMP_NUM_THREADS
-    (None: the members inherit it); else this machine's CPUs split among the engines, so
-    co-located engines do not spin OpenMP threads on each other's cores (cpu_threads.py)."""
-    if given is not None:
-        return given
-    if os.environ.get(OMP_ENV):
-        return None
-    return threads_per_engine(engines)
-
-
 def _run_cluster(
     args: argparse.Namespace, engine_extra: list[str], env: dict[str, str], policy: RestartPolicy
 ) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
-    threads = engine_threads(args.torch_threads, args.num_prefill + args.num_decode)
-    if threads is not None:
-        common += ["--torch-threads", str(threads)]
+    if args.torch_threads is not None:
+        common += ["--torch-threads", str(args.torch_threads)]
+    # Co-located engines must not spin OpenMP workers on each other's cores (cpu_threads.py).
+    env = {**colocated_engine_env(os.environ), **env}
     cluster = Cluster(
         engine_args=common,
         router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing,
@@ -146,8 +136,7 @@ def _run_cluster(
         print(f"[relaykv up] {message}", file=sys.stderr, flush=True)
 
     say(f"starting {args.num_prefill} prefill + {args.num_decode} decode engines ({args.model}, "
-        f"--pd-policy {args.pd_policy}, --kv-transport {args.kv_transport}, torch threads "
-        f"{threads or os.environ.get(OMP_ENV)} each) and a router; "
+        f"--pd-policy {args.pd_policy}, --kv-transport {args.kv_transport}) and a router; "
         f"logs in {cluster.log_dir}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

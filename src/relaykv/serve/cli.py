@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from relaykv.private_files import (
@@ -13,7 +14,12 @@ from relaykv.private_files import (
     resolve_api_key,
 )
 from relaykv.serve import sglang_bootstrap
-from relaykv.serve.cpu_threads import OMP_ENV, apply_torch_threads, positive_threads
+from relaykv.serve.cpu_threads import (
+    OMP_ENV,
+    WAIT_POLICY_ENV,
+    apply_torch_threads,
+    positive_threads,
+)
 from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
 from relaykv.serve.options import (
     OptionError,
@@ -122,7 +128,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in served.summary:
         say(line)
     say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
-    say(f"torch threads: {_torch_threads()}")
+    policy = os.environ.get(WAIT_POLICY_ENV)
+    say(f"torch threads: {_torch_threads()}" + (f" ({WAIT_POLICY_ENV}={policy})" if policy else ""))
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
     sglang_bootstrap.install(app, bootstrap)
     publisher = start_kv_events(served, events_config, app)

@@ -1,26 +1,29 @@
-"""How many CPU threads one engine process gives torch (`relaykv serve --torch-threads N`).
+"""CPU threads of engine processes: `relaykv serve --torch-threads N`, and the OpenMP wait
+policy `relaykv up` gives the engines it co-locates (docs/serving.md, "CPU threads").
 
-torch's default is one intra-op (OpenMP) thread per CPU of the machine. That suits one engine
-alone on a host; engines that share a host (`relaykv up` starts a prefill and a decode engine
-side by side) then each spin that many threads on the same cores, and OpenMP's busy-waiting
-workers preempt each other: on 2 cores a P/D pair with default threads ran 3-10x slower with
-far larger run-to-run variance than with one thread each (docs/serving.md, "CPU threads").
-vLLM's CPU backend binds a set of OpenMP threads per worker for the same reason.
+torch runs its matrix products on a pool of OpenMP threads, one per CPU by default, and
+OpenMP's default lets a worker spin for a while after each parallel region instead of
+sleeping. Alone on a host that is harmless. Two engines on the same cores (a P/D pair under
+`relaykv up`) then burn each other's CPU spinning: measured on this 2-core machine, two
+busy processes with 2 threads each made half the progress of two with 1 thread each, and
+with `OMP_WAIT_POLICY=PASSIVE` (workers sleep when idle) they made 92 % of it, while an
+engine running alone keeps both cores (1.5x the speed of 1 thread).
 
 Contract:
 * `apply_torch_threads(n)`: n >= 1 sets torch's intra-op thread count for the whole process
   (every thread that later runs torch ops, the engine loop included); None leaves torch's
   default (which honours `OMP_NUM_THREADS`).
-* `threads_per_engine(engines)`: the CPUs this process may run on, split evenly among
-  `engines` co-located engines, at least 1 each (what `relaykv up` gives each member).
+* `colocated_engine_env(environ)`: the environment variables to add for engines that share
+  a host: `OMP_WAIT_POLICY=PASSIVE`, unless `environ` already chooses a policy.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Mapping
 
 OMP_ENV = "OMP_NUM_THREADS"
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
 def positive_threads(text: str) -> int:
@@ -33,15 +36,8 @@ def positive_threads(text: str) -> int:
     return value
 
 
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_engine(engines: int) -> int:
-    return max(1, available_cpus() // max(1, engines))
+def colocated_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {} if environ.get(WAIT_POLICY_ENV) else {WAIT_POLICY_ENV: "PASSIVE"}
 
 
 def apply_torch_threads(threads: int | None) -> None:
