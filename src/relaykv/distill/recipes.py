@@ -30,6 +30,7 @@ class Recipe:
     # `doc_prompt_tokens` tokens, continued greedily for `gen_len` like the openers.
     doc_prompts: int = 0
     doc_prompt_tokens: int = 32
+    doc_prompt_min: int = 0  # > 0: each doc prompt keeps a seeded min..max-token prefix
     # Teacher-forced offline text (`text_corpus`): windows of `text_len` tokens, written
     # `shard_windows` per shard; 0 windows: generated text only.
     text_windows: int = 0
@@ -62,29 +63,32 @@ RECIPES: dict[str, Recipe] = {
         lr=3e-3,
     ),
     # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
-    # argmax as labels) plus its greedy continuations of varied openers; a restricted
-    # vocabulary keeps the 262k-entry LM head out of the loss.
+    # argmax as labels) plus 131k tokens of its greedy continuations of natural prompts
+    # (varied openers with sampled tails, offline-text prefixes of 8-32 tokens), which
+    # make up most of each batch; a restricted vocabulary keeps the 262k-entry LM head
+    # out of the loss. The draft layer has a Gemma layer's width (4 query heads, MLP 2,048).
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=192,
+        num_prompts=384,
         prompt_tokens=8,
-        gen_len=64,
-        shard_prompts=64,
-        draft_heads=2,
-        draft_intermediate=1024,
+        gen_len=128,
+        shard_prompts=128,
+        draft_heads=None,
+        draft_intermediate=None,
         token_budget=700_000,
         batch_sequences=8,
         lr=1e-3,
-        doc_prompts=192,
+        doc_prompts=640,
         doc_prompt_tokens=32,
+        doc_prompt_min=8,
         text_windows=1536,
         text_len=256,
         shard_windows=32,
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
-        generated_share=0.25,
+        generated_share=0.75,
         checkpoint_every=10,
     ),
 }
