@@ -136,9 +136,7 @@ def build_generated(
                 loaded.eos_token_ids,
                 on_step=bar.update,
             )
-            shard = generated_shard(
-                loaded.model, prompts, done, max(recipe.candidates, 1), head
-            )
+            shard = generated_shard(loaded.model, prompts, done, max(recipe.candidates, 1), head)
             save_shard(shard, path)
     return paths
 
