@@ -44,6 +44,7 @@ class Recipe:
     # > 0: each batch draws this share of its sequences from the generated ones (the
     # serving distribution, a small part of the corpus), the rest from the text windows.
     generated_share: float = 0.0
+    max_len: int = 0  # > 0: training cuts every sequence to this many tokens
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
 
 
@@ -65,8 +66,9 @@ RECIPES: dict[str, Recipe] = {
     # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
     # argmax as labels) plus 131k tokens of its greedy continuations of natural prompts
     # (varied openers with sampled tails, offline-text prefixes of 8-32 tokens), which
-    # make up most of each batch; a restricted vocabulary keeps the 262k-entry LM head
-    # out of the loss. The draft layer has a Gemma layer's width (4 query heads, MLP 2,048).
+    # make up most of each batch (sequences cut to 160 tokens, so the short generated ones
+    # are not padded to the 256-token windows); a restricted vocabulary keeps the
+    # 262k-entry LM head out of the loss.
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
@@ -74,9 +76,9 @@ RECIPES: dict[str, Recipe] = {
         prompt_tokens=8,
         gen_len=128,
         shard_prompts=128,
-        draft_heads=None,
-        draft_intermediate=None,
-        token_budget=700_000,
+        draft_heads=2,
+        draft_intermediate=1024,
+        token_budget=400_000,
         batch_sequences=8,
         lr=1e-3,
         doc_prompts=640,
@@ -89,6 +91,7 @@ RECIPES: dict[str, Recipe] = {
         ce_weight=1.0,
         unroll_weight=0.5,
         generated_share=0.75,
+        max_len=160,
         checkpoint_every=10,
     ),
 }
