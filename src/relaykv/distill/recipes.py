@@ -78,7 +78,7 @@ RECIPES: dict[str, Recipe] = {
         shard_prompts=128,
         draft_heads=2,
         draft_intermediate=1024,
-        token_budget=400_000,
+        token_budget=900_000,
         batch_sequences=8,
         lr=1e-3,
         doc_prompts=640,
@@ -90,8 +90,7 @@ RECIPES: dict[str, Recipe] = {
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
-        generated_share=0.75,
-        max_len=160,
+        generated_share=0.375,
         checkpoint_every=10,
     ),
 }
