@@ -28,6 +28,8 @@ from itertools import compress
 from operator import itemgetter
 from typing import Any, TypeVar, cast
 
+import numpy as np
+
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.pd_plan import PDPlan
@@ -307,3 +309,41 @@ def tokens_local_everywhere(
         if all(p // r.block_size in local[r.index] for r in full):
             count += unit
     return min(count, n - 1)
+
+
+def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.ndarray:
+    """The block indices `reused_blocks` keeps, ascending, from probes given as an array
+    (nonzero: held; one past `stop` under the peek where the prompt has that block). A router
+    needs which blocks a decode engine reuses, not their ids: this skips building the dict
+    (docs/routing.md "Cost"); `tests/kvcache/test_accel.py` checks it against
+    `reused_blocks`."""
+    n = max(0, stop - start)
+    held = np.asarray(found[:n]) != 0
+    if peek:
+        proven = np.zeros(n, dtype=bool)
+        nxt = np.asarray(found[1 : n + 1]) != 0
+        proven[: len(nxt)] = nxt
+        held &= proven
+    return start + np.flatnonzero(held)
+
+
+def tokens_local_in(
+    rules: Sequence[GroupRules], unit: int, local: Sequence[np.ndarray], n: int
+) -> int:
+    """`tokens_local_everywhere` on each group's reused block indices as an array
+    (`reused_indices`): unit j counts when every full group reuses the block holding token
+    j*unit (the definition, vectorised)."""
+    full = [r for r in rules if r.prefix_closed] or list(rules)
+    units = n // unit
+    if units <= 0:
+        return 0
+    starts = np.arange(units, dtype=np.int64) * unit
+    covered = np.ones(units, dtype=bool)
+    for rule in full:
+        blocks = starts // rule.block_size
+        reused = np.zeros(int(blocks[-1]) + 1, dtype=bool)
+        indices = np.asarray(local[rule.index], dtype=np.int64)
+        reused[indices[(indices >= 0) & (indices < len(reused))]] = True
+        covered &= reused[blocks]
+    return min(int(np.count_nonzero(covered)) * unit, n - 1)
+

@@ -17,6 +17,11 @@ when those bytes are equal, so a digest collision can cost a recomputation, neve
 
 Under `eagle_reuse=successor` (§4) draft groups key a block by `S(h_k, token after the unit)`,
 so the key itself proves the next token and no peek block is needed.
+
+Converting a token list and running the chain are done by the optional C accelerator
+(`relaykv.kvcache.accel`) when it was built; otherwise by the pure-Python code, which is the
+reference it is tested against (`tests/kvcache/test_accel.py`). Both give the same bytes,
+the same hashes and the same errors; xxhash computes every hash either way.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import xxhash
+
+import relaykv.kvcache.accel as accel
+from relaykv.kvcache.accel import int32_bytes
 
 _H = xxhash.xxh3_128_digest
 SEED_HASH: bytes = _H(b"relaykv/block-hash/v1")
@@ -40,7 +48,7 @@ def token_bytes(tokens: Sequence[int] | np.ndarray | array[int]) -> bytes:
         return tokens.astype("<i4", copy=False).tobytes()
     if isinstance(tokens, array) and tokens.typecode == "i" and array("i").itemsize == 4:
         return tokens.tobytes() if np.little_endian else np.frombuffer(tokens, "<i4").tobytes()
-    return np.asarray(tokens, dtype="<i4").tobytes()
+    return int32_bytes(tokens)
 
 
 def salt_prefix(salt: str | bytes | None) -> bytes:
@@ -59,6 +67,18 @@ def chain_hashes(
     `first_extra` is mixed into the first unit hashed here; pass it only when the chain
     starts at unit 0 (the salt rule of §2).
     """
+    if accel.native is None:
+        return _chain_py(data, unit, parent, first_extra)
+    # The whole chain in one C call (module docstring).
+    start = SEED_HASH if parent is None else parent
+    hashes: list[bytes] = accel.native.chain(data, unit * 4, start, first_extra, _H)
+    return hashes
+
+
+def _chain_py(
+    data: bytes, unit: int, parent: bytes | None = None, first_extra: bytes = b""
+) -> list[bytes]:
+    """`chain_hashes` without the accelerator: the chain driven from C by `map`."""
     step = unit * 4
     full = len(data) - len(data) % step
     h = SEED_HASH if parent is None else parent
@@ -203,7 +223,11 @@ class TokenHashes:
         """Hash the units `tokens` completes; `chains` memoises a prompt's first hashing."""
         if not isinstance(tokens, (np.ndarray, array, list, tuple)):
             tokens = list(tokens)
-        data = self._pending + token_bytes(tokens)
+        self.extend_bytes(token_bytes(tokens), chains)
+
+    def extend_bytes(self, data: bytes, chains: PrefixChains | None = None) -> None:
+        """`extend` for tokens given as their little-endian int32 bytes (`int32_bytes`)."""
+        data = self._pending + data
         if chains is not None and not self.hashes and not self._pending:
             new = chains.chain(data, self.unit, self.salt_extra)
         else:

@@ -9,7 +9,6 @@ load lives here, next to the request it fills, so that there is exactly one poin
 
 from __future__ import annotations
 
-import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from enum import Enum
 
 import numpy as np
 
+from relaykv.kvcache.accel import int32_bytes
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains, TokenHashes, successor_key
 from relaykv.kvcache.pd_config import Role
@@ -26,18 +26,18 @@ from relaykv.kvcache.pd_plan import PDPlan
 CacheRole = Role
 
 
-def _int32_array(prompt: Sequence[int] | np.ndarray) -> array[int]:
-    """The prompt as an int32 array. For a list, `struct` packs it twice as fast as
-    `array(list)` does (the router converts every 64k-token prompt it routes); what it
-    refuses goes to `array`, which raises as it always did."""
-    if isinstance(prompt, list) and array("i").itemsize == 4:
+def _int32_array(prompt: Sequence[int] | np.ndarray) -> tuple[array[int], bytes | None]:
+    """The prompt as an int32 array, and for a list or tuple its little-endian int32 bytes
+    too (what the hashes are computed from: the router converts every 64k-token prompt it
+    routes, `accel.int32_bytes` in C where built; docs/routing.md "Cost")."""
+    if isinstance(prompt, list | tuple) and array("i").itemsize == 4:
+        data = int32_bytes(prompt)
         out = array("i")
-        try:
-            out.frombytes(struct.pack(f"={len(prompt)}i", *prompt))
-        except struct.error:
-            return array("i", prompt)
-        return out
-    return array("i", prompt.tolist() if isinstance(prompt, np.ndarray) else prompt)
+        out.frombytes(data)
+        if not np.little_endian:
+            out.byteswap()
+        return out, data
+    return array("i", prompt.tolist() if isinstance(prompt, np.ndarray) else prompt), None
 
 
 class CacheRequest:
@@ -70,12 +70,15 @@ class CacheRequest:
     ) -> None:
         """`chains`: a memo of recently hashed prefixes (the router's; §2)."""
         self.request_id = request_id
-        self.tokens = _int32_array(prompt)
+        self.tokens, data = _int32_array(prompt)
         self.num_prompt_tokens = len(self.tokens)
         self.role = role
         self._rules = rules
         self.hashes = TokenHashes(hash_unit, salt)
-        self.hashes.extend(self.tokens, chains)
+        if data is None:
+            self.hashes.extend(self.tokens, chains)
+        else:
+            self.hashes.extend_bytes(data, chains)
         self._keys: list[list[bytes]] = [[] for _ in rules]
         self.tables: list[list[int]] = [[] for _ in rules]
         # Leading blocks of each table already considered for hashing (§3: a block is

@@ -11,9 +11,10 @@ arrive (docs/routing.md "Cost").
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 import numpy as np
+
+from relaykv.kvcache.accel import values_u64
 
 MAX_SLOTS = 64  # bitmasks stay numpy uint64; later engines are counted one by one
 
@@ -55,20 +56,18 @@ class KeyHolders:
 
 
 class PromptCounts:
-    """How many of one prompt's keys in one group each slot holds (one pass, then numpy)."""
+    """How many of one prompt's keys in one group each slot holds (one pass, in C where
+    kvcache's accelerator is built, then numpy)."""
 
     __slots__ = ("_array",)
 
     def __init__(self, holders: KeyHolders, group: int, keys: Sequence[bytes]) -> None:
-        gmap = holders.group(group)
-        masks = map(gmap.get, keys, repeat(0))
-        self._array = np.fromiter(masks, dtype=np.uint64, count=len(keys))
+        self._array = values_u64(holders.group(group), keys)
 
     def held(self, slot: int) -> int:
         return int(np.count_nonzero(self._array & np.uint64(1 << slot)))
 
-    def found(self, slot: int, start: int, stop: int) -> list[int]:
+    def found(self, slot: int, start: int, stop: int) -> np.ndarray:
         """Per key `start..stop-1`, 1 where `slot` holds it, else 0: an engine's probes for
-        kvcache's `reused_blocks`, without probing its map again."""
-        bits = (self._array[start:stop] >> np.uint64(slot)) & np.uint64(1)
-        return bits.astype(np.int8).tolist()
+        kvcache's `reused_indices`, without probing its map again."""
+        return (self._array[start:stop] >> np.uint64(slot)) & np.uint64(1)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from relaykv.kvcache import (
     DEFAULT_PD_POLICY,
@@ -40,8 +41,8 @@ from relaykv.kvcache import (
 )
 from relaykv.kvcache.decode_loads import (
     reusable_blocks,
-    reused_blocks,
-    tokens_local_everywhere,
+    reused_indices,
+    tokens_local_in,
 )
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains
@@ -214,7 +215,7 @@ class EngineIndex:
             if plan.common_resume:
                 return longest_hit_tokens(req, self.rules, self)
             local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
-            return tokens_local_everywhere(self.rules, self.geometry.hash_unit, local, n)
+            return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
             cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
@@ -226,16 +227,18 @@ class EngineIndex:
         rule: GroupRules,
         held: range,
         counts: Callable[[int], PromptCounts] | None,
-    ) -> dict[int, int]:
-        """kvcache's per-group reuse of `held` here; probes from the holders map when the
-        prompt's counts of this group are at hand (the full groups, after `hit_bound`)."""
+    ) -> np.ndarray:
+        """The block indices of `held` this engine reuses (kvcache's per-group rule), probed
+        in the holders map when the prompt's counts of this group are at hand (the full
+        groups, after `hit_bound`), else in the engine's own map."""
         if counts is None or self.slot is None or not rule.prefix_closed:
-            return reusable_blocks(req, rule, self.maps[rule.index], held)
+            reused = reusable_blocks(req, rule, self.maps[rule.index], held)
+            return np.fromiter(reused, dtype=np.int64, count=len(reused))
         stop = min(held.stop, len(req.keys(rule.index)))
         if held.start >= stop:
-            return {}
+            return np.zeros(0, dtype=np.int64)
         found = counts(rule.index).found(self.slot, held.start, stop + 1 if rule.peek else stop)
-        return reused_blocks(found, held.start, stop, rule.peek)
+        return reused_indices(found, held.start, stop, rule.peek)
 
     def resume_cap(self, req: CacheRequest) -> int:
         """The largest resume point this engine may use for `req` (the prefill cap on a

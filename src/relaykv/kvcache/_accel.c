@@ -1,0 +1,292 @@
+/* Optional C accelerator of relaykv.kvcache (accel.py; docs/routing.md "Cost").
+ *
+ * A router converts and hashes every prompt it routes (64k tokens: 4,096 hash units), and in
+ * pure Python that alone is most of a routing decision. This module does the same work in
+ * one call each, with results identical to the pure-Python paths in accel.py and hashing.py
+ * (the references, and the fallback when this module was not built):
+ *
+ *   int32_bytes(tokens) -> bytes
+ *       Little-endian int32 bytes of a list/tuple of token ids. Items are read with
+ *       __index__ (ints, bools, numpy integers); an item that is not an integer raises
+ *       TypeError and one outside int32 raises OverflowError, each naming its position.
+ *
+ *   chain(data, step, parent, first_extra, digest) -> list[bytes]
+ *       h_k = digest(h_{k-1} + extra_k + data[k*step:(k+1)*step]) for every full `step`-byte
+ *       unit of `data`, h_{-1} = parent, extra_0 = first_extra, later extras empty
+ *       (docs/design.md section 2). `digest` is the hash callable (xxhash's
+ *       xxh3_128_digest): it is called once per unit on a fresh bytes object, so the hash
+ *       stays xxhash's own and this file implements none of it.
+ *
+ *   values_u64(mapping, keys) -> bytes
+ *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
+ *       where the key is absent: a router's pass over a prompt's keys in the map of which
+ *       engines hold each key (relaykv.router.holders), without a Python call per key.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Item i of a PySequence_Fast list/tuple, re-read on every step: the Python code an odd item
+ * runs (__index__, __eq__) may resize a list under us. NULL (RuntimeError) if it shrank. */
+static PyObject *
+item_at(PyObject *seq, Py_ssize_t i)
+{
+    if (i >= PySequence_Fast_GET_SIZE(seq)) {
+        PyErr_SetString(PyExc_RuntimeError, "sequence changed size while being read");
+        return NULL;
+    }
+    return PySequence_Fast_GET_ITEM(seq, i);
+}
+
+/* `obj` as a PySequence_Fast (new reference) and, in *out, a bytes object of `width` bytes
+ * per item to fill; NULL (exception set, nothing held) on failure. */
+static PyObject *
+sequence_and_output(PyObject *obj, const char *message, Py_ssize_t width, PyObject **out)
+{
+    PyObject *seq = PySequence_Fast(obj, message);
+    if (seq == NULL) {
+        return NULL;
+    }
+    *out = PyBytes_FromStringAndSize(NULL, PySequence_Fast_GET_SIZE(seq) * width);
+    if (*out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    return seq;
+}
+
+/* Drop `seq`; return `out` if `ok` and the sequence kept its size, else drop it too. */
+static PyObject *
+finish(PyObject *seq, Py_ssize_t n, PyObject *out, int ok)
+{
+    if (ok && PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_SetString(PyExc_RuntimeError, "sequence changed size while being read");
+        ok = 0;
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static int
+bad_token(PyObject *item, Py_ssize_t i)
+{
+    PyErr_Format(PyExc_TypeError, "token id at position %zd is not an integer: %.100s",
+                 i, Py_TYPE(item)->tp_name);
+    return -1;
+}
+
+/* The value of one token id, or -1 with an exception set (OverflowError outside int32). */
+static int
+token_value(PyObject *item, Py_ssize_t i, int32_t *out)
+{
+    int overflow = 0;
+    long v;
+    if (PyLong_Check(item)) {
+        v = PyLong_AsLongAndOverflow(item, &overflow);
+    }
+    else {
+        PyObject *index = PyNumber_Index(item);
+        if (index == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            return bad_token(item, i);
+        }
+        v = PyLong_AsLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+    }
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError,
+                     "token id %R at position %zd is outside int32 [-2**31, 2**31)", item, i);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+static PyObject *
+int32_bytes(PyObject *Py_UNUSED(module), PyObject *tokens)
+{
+    PyObject *out;
+    PyObject *seq = sequence_and_output(tokens, "token ids must be a list or tuple of integers",
+                                        4, &out);
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = item_at(seq, i);
+        int32_t v;
+        if (item == NULL) {
+            goto fail;
+        }
+        Py_INCREF(item);
+        int rc = token_value(item, i, &v);
+        Py_DECREF(item);
+        if (rc < 0) {
+            goto fail;
+        }
+        uint32_t u = (uint32_t)v;
+        p[0] = (unsigned char)u;
+        p[1] = (unsigned char)(u >> 8);
+        p[2] = (unsigned char)(u >> 16);
+        p[3] = (unsigned char)(u >> 24);
+        p += 4;
+    }
+    return finish(seq, n, out, 1);
+fail:
+    return finish(seq, n, out, 0);
+}
+
+static PyObject *
+chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chain(data, step, parent, first_extra, digest) takes 5 arguments");
+        return NULL;
+    }
+    PyObject *digest = args[4];
+    if (!PyBytes_Check(args[2]) || !PyBytes_Check(args[3]) || !PyCallable_Check(digest)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chain: parent and first_extra must be bytes, digest callable");
+        return NULL;
+    }
+    Py_ssize_t step = PyLong_AsSsize_t(args[1]);
+    if (step == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (step <= 0) {
+        PyErr_SetString(PyExc_ValueError, "chain: step must be > 0");
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Py_ssize_t units = data.len / step;
+    PyObject *out = PyList_New(units);
+    if (out == NULL) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const char *src = (const char *)data.buf;
+    /* The previous hash, borrowed from `parent` or from `out` (which owns it). */
+    PyObject *prev = args[2];
+    for (Py_ssize_t k = 0; k < units; k++) {
+        PyObject *extra = k == 0 ? args[3] : NULL;
+        Py_ssize_t hlen = PyBytes_GET_SIZE(prev);
+        Py_ssize_t elen = extra != NULL ? PyBytes_GET_SIZE(extra) : 0;
+        PyObject *material = PyBytes_FromStringAndSize(NULL, hlen + elen + step);
+        if (material == NULL) {
+            goto fail;
+        }
+        char *m = PyBytes_AS_STRING(material);
+        memcpy(m, PyBytes_AS_STRING(prev), hlen);
+        if (elen) {
+            memcpy(m + hlen, PyBytes_AS_STRING(extra), elen);
+        }
+        memcpy(m + hlen + elen, src + k * step, step);
+        PyObject *h = PyObject_CallOneArg(digest, material);
+        Py_DECREF(material);
+        if (h == NULL) {
+            goto fail;
+        }
+        if (!PyBytes_CheckExact(h)) {
+            Py_DECREF(h);
+            PyErr_SetString(PyExc_TypeError, "chain: digest must return bytes");
+            goto fail;
+        }
+        PyList_SET_ITEM(out, k, h);
+        prev = h;
+    }
+    PyBuffer_Release(&data);
+    return out;
+fail:
+    PyBuffer_Release(&data);
+    Py_DECREF(out); /* unset items are NULL, which list_dealloc skips */
+    return NULL;
+}
+
+static PyObject *
+values_u64(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "values_u64(mapping, keys) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *mapping = args[0];
+    if (!PyDict_Check(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "values_u64: mapping must be a dict");
+        return NULL;
+    }
+    PyObject *out;
+    PyObject *seq = sequence_and_output(args[1], "values_u64: keys must be a list or tuple", 8,
+                                        &out);
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = item_at(seq, i);
+        unsigned long long v = 0;
+        if (key == NULL) {
+            goto fail;
+        }
+        Py_INCREF(key);
+        PyObject *value = PyDict_GetItemWithError(mapping, key); /* borrowed */
+        Py_DECREF(key);
+        if (value == NULL) {
+            if (PyErr_Occurred()) {
+                goto fail;
+            }
+        }
+        else {
+            if (!PyLong_Check(value)) {
+                PyErr_SetString(PyExc_TypeError, "values_u64: values must be ints");
+                goto fail;
+            }
+            v = PyLong_AsUnsignedLongLong(value);
+            if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+                goto fail;
+            }
+        }
+        uint64_t u = (uint64_t)v;
+        memcpy(p + 8 * i, &u, 8);
+    }
+    return finish(seq, n, out, 1);
+fail:
+    return finish(seq, n, out, 0);
+}
+
+static PyMethodDef methods[] = {
+    {"int32_bytes", (PyCFunction)int32_bytes, METH_O,
+     "int32_bytes(tokens) -> little-endian int32 bytes of a list/tuple of token ids"},
+    {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
+     "chain(data, step, parent, first_extra, digest) -> list of chained unit hashes"},
+    {"values_u64", (PyCFunction)(void (*)(void))values_u64, METH_FASTCALL,
+     "values_u64(mapping, keys) -> native uint64 bytes of mapping.get(key, 0) per key"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "relaykv.kvcache._accel",
+    "C accelerator of relaykv.kvcache (optional; see accel.py)", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__accel(void)
+{
+    return PyModule_Create(&module);
+}

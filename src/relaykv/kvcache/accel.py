@@ -1,0 +1,72 @@
+"""The optional C accelerator of the cache's hot loops, and its pure-Python equivalents.
+
+`relaykv.kvcache._accel` (`_accel.c`) is built by `pip install -e .` where a C compiler and
+Python's headers are found (an optional extension: without them the install goes on). A
+router converts, hashes and probes every 64k-token prompt it routes, and those passes are
+most of a routing decision in pure Python (docs/routing.md "Cost"). Every function here gives
+the same result and the same errors with or without it; the pure-Python forms are the
+references `tests/kvcache/test_accel.py` checks the C forms against. `native` is the C module
+or None (tests set it to None to run the fallback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from types import ModuleType
+
+import numpy as np
+
+native: ModuleType | None
+try:
+    native = importlib.import_module("relaykv.kvcache._accel")
+except ImportError:  # not built (no compiler at install time): the pure-Python path
+    native = None
+
+
+def int32_bytes(tokens: Iterable[int]) -> bytes:
+    """Little-endian int32 bytes of token ids read with `__index__` (ints, numpy integers).
+
+    Raises TypeError for an id that is not an integer and OverflowError for one outside
+    int32, naming its position.
+    """
+    seq = tokens if isinstance(tokens, list | tuple) else list(tokens)
+    if native is not None:
+        data: bytes = native.int32_bytes(seq)
+        return data
+    return int32_bytes_py(seq)
+
+
+def int32_bytes_py(tokens: Sequence[int]) -> bytes:
+    """`int32_bytes` in Python (`struct`, then a scan naming the id it refused)."""
+    try:
+        return struct.pack(f"<{len(tokens)}i", *tokens)
+    except struct.error:
+        pass
+    for i, token in enumerate(tokens):
+        try:
+            value = operator.index(token)
+        except TypeError:
+            raise TypeError(
+                f"token id at position {i} is not an integer: {type(token).__name__}"
+            ) from None
+        if not -(2**31) <= value < 2**31:
+            raise OverflowError(
+                f"token id {token!r} at position {i} is outside int32 [-2**31, 2**31)"
+            )
+    raise ValueError("token ids could not be packed as int32")  # struct refused nothing
+
+
+def values_u64(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
+    """Per key, `mapping.get(key, 0)` as a uint64 array (values are ints in [0, 2**64))."""
+    if native is not None and type(mapping) is dict and isinstance(keys, list | tuple):
+        return np.frombuffer(native.values_u64(mapping, keys), dtype=np.uint64)
+    return values_u64_py(mapping, keys)
+
+
+def values_u64_py(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
+    """`values_u64` in Python (one C-driven pass of `mapping.get`)."""
+    return np.fromiter(map(mapping.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))

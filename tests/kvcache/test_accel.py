@@ -1,0 +1,182 @@
+"""The optional C accelerator of kvcache hashing (`relaykv.kvcache._accel`) against the
+pure-Python path it replaces, and the fallback when it is absent (docs/routing.md "Cost")."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaykv.kvcache import CacheRequest, accel, rules_for
+from relaykv.kvcache.accel import int32_bytes, int32_bytes_py, values_u64, values_u64_py
+from relaykv.kvcache.hashing import (
+    _H,
+    SEED_HASH,
+    PrefixChains,
+    TokenHashes,
+    _chain_loop,
+    _chain_py,
+    chain_hashes,
+    salt_prefix,
+)
+
+from .conftest import geometry
+
+ACCEL = accel.native
+needs_accel = pytest.mark.skipif(
+    ACCEL is None, reason="C accelerator not built: `pip install -e .` builds it"
+)
+INT32_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 50_000, 255, 256, 65_535, 65_536]
+
+
+def _random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.choice(INT32_EDGES) if rng.random() < 0.1 else rng.randrange(0, 1 << 17)
+            for _ in range(n)]
+
+
+def test_accelerator_is_built_where_a_compiler_is() -> None:
+    # CI installs with `pip install -e .`, which must build it on a machine with a compiler
+    # and Python's headers; elsewhere (a bare PYTHONPATH checkout) the fallback is in use.
+    if not os.environ.get("CI"):
+        pytest.skip("checked in CI, where `make install` builds the package")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if shutil.which(cc) is None or not headers.exists():
+        pytest.skip("no C compiler or Python headers here: the pure-Python path is used")
+    assert ACCEL is not None, "relaykv.kvcache._accel was not built by the install"
+
+
+@needs_accel
+def test_int32_bytes_equal_the_pure_path() -> None:
+    assert ACCEL is not None
+    rng = random.Random(11)
+    for n in (0, 1, 2, 7, 64, 1000):
+        toks = _random_tokens(rng, n)
+        assert ACCEL.int32_bytes(toks) == int32_bytes_py(toks) == np.asarray(
+            toks, "<i4"
+        ).tobytes()
+        assert ACCEL.int32_bytes(tuple(toks)) == int32_bytes_py(tuple(toks))
+    # ids read with __index__, as `struct` reads them: bools, numpy integers
+    odd = [True, False, np.int64(7), np.int32(-3), np.uint16(9)]
+    assert ACCEL.int32_bytes(odd) == int32_bytes_py(odd) == token_le([1, 0, 7, -3, 9])
+
+
+def token_le(values: list[int]) -> bytes:
+    return array("i", values).tobytes() if sys.byteorder == "little" else np.asarray(
+        values, "<i4"
+    ).tobytes()
+
+
+@needs_accel
+def test_chain_equals_the_pure_path() -> None:
+    assert ACCEL is not None
+    rng = random.Random(12)
+    for trial in range(150):
+        unit = rng.choice([1, 2, 4, 8, 16, 32])
+        n = rng.choice([0, 1, unit - 1, unit, unit + 1, 3 * unit, rng.randrange(0, 400)])
+        data = int32_bytes(_random_tokens(rng, max(0, n)))
+        parent = rng.choice([None, SEED_HASH, rng.randbytes(16), rng.randbytes(5)])
+        extra = rng.choice([b"", salt_prefix("tenant"), salt_prefix("é" * rng.randrange(9))])
+        expected = _chain_loop(data, unit, parent, extra)
+        assert _chain_py(data, unit, parent, extra) == expected, trial
+        assert chain_hashes(data, unit, parent, extra) == expected, trial
+        got = ACCEL.chain(data, unit * 4, SEED_HASH if parent is None else parent, extra, _H)
+        assert got == expected, trial
+        assert all(type(h) is bytes and len(h) == 16 for h in got)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "words"),
+    [
+        ([1, 2, "3"], TypeError, "position 2 is not an integer: str"),
+        ([1.5], TypeError, "position 0 is not an integer: float"),
+        ([0, None], TypeError, "position 1 is not an integer: NoneType"),
+        ([5, 2**31], OverflowError, "2147483648 at position 1 is outside int32"),
+        ([-(2**31) - 1], OverflowError, "-2147483649 at position 0 is outside int32"),
+        ([7, 7, 2**70], OverflowError, f"{2**70} at position 2 is outside int32"),
+    ],
+)
+def test_bad_token_ids_are_refused_clearly_on_both_paths(
+    bad: list[object], error: type[Exception], words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(error, match=words):
+        int32_bytes_py(bad)  # type: ignore[arg-type]
+    if ACCEL is not None:
+        with pytest.raises(error, match=words):
+            ACCEL.int32_bytes(bad)
+    rules = rules_for(geometry("full:16"))
+    for native in (ACCEL, None):
+        monkeypatch.setattr(accel, "native", native)
+        with pytest.raises(error, match=words):
+            CacheRequest("r", bad, rules, 16)  # type: ignore[arg-type]
+
+
+@needs_accel
+def test_values_u64_equal_the_pure_path() -> None:
+    rng = random.Random(14)
+    present = {rng.randbytes(16): rng.choice([1, 2**63, 2**64 - 1, 5]) for _ in range(300)}
+    keys = [*present, *(rng.randbytes(16) for _ in range(100))]
+    rng.shuffle(keys)
+    for ks in (keys, tuple(keys[:7]), []):
+        got = values_u64(present, ks)
+        assert got.dtype == np.uint64 and got.tolist() == values_u64_py(present, ks).tolist()
+        assert got.tolist() == [present.get(k, 0) for k in ks]
+    assert ACCEL is not None
+    with pytest.raises(TypeError):
+        ACCEL.values_u64({b"k": "x"}, [b"k"])
+    with pytest.raises(OverflowError):
+        ACCEL.values_u64({b"k": -1}, [b"k"])
+
+
+def _hash_everything() -> list[list[bytes]]:
+    """Hashes of requests over random prompts, salts, geometries and a memo."""
+    rng = random.Random(13)
+    chains = PrefixChains(segment_units=2, max_segments=16)
+    shared = _random_tokens(rng, 200)
+    out = []
+    for trial in range(40):
+        geo = geometry("full:16", "sliding:16:64") if trial % 2 else geometry("full:8")
+        prompt = shared[: rng.randrange(0, 200)] + _random_tokens(rng, rng.randrange(0, 40))
+        salt = rng.choice([None, "a", "tenant-b"])
+        req = CacheRequest("r", prompt, rules_for(geo), geo.hash_unit, salt,
+                           chains=chains if trial % 3 else None)
+        req.append_tokens(_random_tokens(rng, rng.randrange(0, 20)))
+        out.append([*req.hashes.hashes, *req.keys(0)])
+    inc = TokenHashes(4, "s")
+    for start in range(0, 90, 7):
+        inc.extend(shared[start : start + 7])
+    out.append(inc.hashes)
+    return out
+
+
+def test_requests_hash_the_same_without_the_accelerator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with_accel = _hash_everything()
+    monkeypatch.setattr(accel, "native", None)
+    assert _hash_everything() == with_accel
+
+
+def test_a_missing_accelerator_falls_back_to_python() -> None:
+    # The import itself fails (a machine without a compiler never built it): hashing still
+    # works and gives the published values (tests/kvcache/test_hashing.py pins them).
+    code = (
+        "import sys; sys.modules['relaykv.kvcache._accel'] = None\n"
+        "from relaykv.kvcache import accel, hashing\n"
+        "assert accel.native is None\n"
+        "h = hashing.TokenHashes(16, salt='tenant')\n"
+        "h.extend([(i * 7919) % 50000 for i in range(5000)])\n"
+        "print(h.hashes[-1].hex())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == "ca0eab5a4b1e7dc84c228bcaace06ca7\n"
