@@ -128,7 +128,7 @@ def build_generated(
             if path.is_file() or i % part[1] != part[0]:
                 continue
             prompts = source.shard(i)
-            done = continue_batch(
+            continued = continue_batch(
                 loaded.model,
                 prompts,
                 recipe.gen_len,
@@ -136,7 +136,8 @@ def build_generated(
                 loaded.eos_token_ids,
                 on_step=bar.update,
             )
-            shard = generated_shard(loaded.model, prompts, done, max(recipe.candidates, 1), head)
+            candidates = max(recipe.candidates, 1)
+            shard = generated_shard(loaded.model, prompts, continued, candidates, head)
             save_shard(shard, path)
     return paths
 
