@@ -64,33 +64,30 @@ RECIPES: dict[str, Recipe] = {
         lr=3e-3,
     ),
     # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
-    # argmax as labels) plus 131k tokens of its greedy continuations of natural prompts
-    # (varied openers with sampled tails, offline-text prefixes of 8-32 tokens), which
-    # make up most of each batch (sequences cut to 160 tokens, so the short generated ones
-    # are not padded to the 256-token windows); a restricted vocabulary keeps the
-    # 262k-entry LM head out of the loss.
+    # argmax as labels) plus its greedy continuations of varied openers and offline-text
+    # prompts; a restricted vocabulary keeps the 262k-entry LM head out of the loss. This
+    # is the shipped draft's recipe: larger generated corpora (docs/model.md) did no better.
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=384,
+        num_prompts=192,
         prompt_tokens=8,
-        gen_len=128,
-        shard_prompts=128,
+        gen_len=64,
+        shard_prompts=64,
         draft_heads=2,
         draft_intermediate=1024,
-        token_budget=900_000,
+        token_budget=700_000,
         batch_sequences=8,
         lr=1e-3,
-        doc_prompts=640,
+        doc_prompts=192,
         doc_prompt_tokens=32,
-        doc_prompt_min=8,
         text_windows=1536,
         text_len=256,
         shard_windows=32,
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
-        generated_share=0.375,
+        generated_share=0.25,
         checkpoint_every=10,
     ),
 }
