@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     paths, validation = split_validation(build_corpus(recipe, loaded, out / "data", progress))
     corpus_s = time.monotonic() - started
     shards = load_corpus(paths)
-    data = stack_corpus(shards)
+    data = stack_corpus(shards, recipe.max_len)
     draft = train_draft(
         loaded.model, recipe, data, out / "train" / "state.pt", args.token_budget, progress
     )
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         "train_top1": round(top1_agreement(loaded.model, draft, data), 4),
     }
     if validation:
-        held = stack_corpus(load_corpus(validation))
+        held = stack_corpus(load_corpus(validation), recipe.max_len)
         report["held_out_top1"] = round(top1_agreement(loaded.model, draft, held), 4)
     if not args.no_eval:
         shipped = load_eagle_checkpoint(out, loaded.config)

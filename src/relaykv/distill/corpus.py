@@ -105,28 +105,6 @@ def runner_head(target: CausalLM, logits: Callable[[torch.Tensor], torch.Tensor]
         del target.logits
 
 
-def sample_openers(
-    target: CausalLM,
-    prompts: Sequence[Sequence[int]],
-    tokens: int,
-    seeds: Sequence[int],
-    concurrency: int = 32,
-) -> list[list[int]]:
-    """Each prompt followed by `tokens` tokens the target samples (temperature 1, top-p 0.95)."""
-    if tokens == 0:
-        return [list(p) for p in prompts]
-    max_len = max(len(p) for p in prompts) + tokens
-    engine = engine_for(
-        lambda blocks: ModelRunner(target, num_blocks=blocks), target, max_len, concurrency, ()
-    )
-    params = [
-        SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.95, seed=s, ignore_eos=True)
-        for s in seeds
-    ]
-    reqs = engine.generate(prompts, params)
-    return [r.prompt_ids + r.output_ids for r in reqs]
-
-
 def collect_shard(
     target: CausalLM,
     prompts: Sequence[Sequence[int]],
