@@ -3,9 +3,10 @@
     relaykv distill-draft --model gemma3-270m --out drafts/gemma
     relaykv distill-draft --model tiny-hybrid --out /tmp/tiny --token-budget 50000
 
-Three resumable stages, each with a progress bar: the corpus (the target generates it on
-the real engine; one file per shard under OUT/data), training (OUT/train/state.pt every
-few steps; `--token-budget` bounds the positions trained on), then the EAGLE checkpoint
+Three resumable stages, each with a progress bar: the corpus (the target generates it in
+batched dense forwards, tested against the engine; one file per shard under OUT/data),
+training (OUT/train/state.pt every few steps; `--token-budget` bounds the positions
+trained on), then the EAGLE checkpoint
 (OUT/config.json + model.safetensors, float16) and its acceptance on held-out prompts at
 K=1 and K=3 (OUT/eval.json, also printed as one JSON line). Rerunning the same command
 continues where it stopped. docs/model.md ("Distilling a draft") describes the recipes.
