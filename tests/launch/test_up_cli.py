@@ -14,6 +14,7 @@ import pytest
 from relaykv.serve.cpu_threads import colocated_engine_env
 
 
+@pytest.mark.slow
 def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykv", "up", "--json", "--num-blocks", "300",
