@@ -32,8 +32,14 @@ lint: $(VENV)/.installed
 	$(PY) tools/check_layers.py .
 	$(PY) -m mypy  # [tool.mypy] in pyproject.toml: kvcache and engine strict, the rest basic
 
+# Two xdist workers, each test file on one of them (module-scoped clusters start once); many
+# tests wait on subprocesses and sockets, so the second worker uses a core the first leaves
+# idle. Timing-sensitive tests are marked `exclusive` and run alone (tests/exclusive.py).
+# `make test PYTEST_ARGS=` runs the suite in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

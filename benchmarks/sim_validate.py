@@ -111,6 +111,7 @@ def engine_flags(k: int, blocks: int, max_len: int) -> list[str]:
 def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> dict[str, Any]:
     """One `relaykv up` cluster, one `bench serve` run, the engines' counter deltas."""
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--pd-policy", policy, *flags]
+    up += ["--log-dir", str(out / "up-logs")]  # the members' logs, next to the run's results
     # Single-threaded engines, as calibration times the runner: on a shared machine OpenMP's
     # spinning threads turn other processes' load into slowdowns of 10x and more.
     os.environ["OMP_NUM_THREADS"] = "1"

@@ -10,6 +10,9 @@ torch processes at once on CI's 2 cores, where OpenMP's spinning workers turn ea
 load into slowdowns of 3-10x (tiny-hybrid's forced-preemption test: 5-18 s with the default
 threads, 1.9 s with one; `benchmarks/sim_validate.py` pins its engines the same way). What
 the tests compare is computed in the same configuration as its reference.
+
+`make test` runs the suite on two xdist workers; a test marked `exclusive` runs while no
+other test does (tests/exclusive.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tempfile
 import pytest
 
 from relaykv.transfer.transport.auth import SECRET_ENV, write_secret_file
+from tests import exclusive
 
 # At import, not in pytest_configure: the conftests of the paths on the command line (torch
 # in tests/model/conftest.py) are imported before any pytest_configure runs.
@@ -34,6 +38,7 @@ _secret_dir: str | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _secret_dir
+    exclusive.configure(config)
     if os.environ.get(SECRET_ENV):
         return
     _secret_dir = tempfile.mkdtemp(prefix="relaykv-test-secret-")
@@ -41,5 +46,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    exclusive.unconfigure()
     if _secret_dir is not None:
         shutil.rmtree(_secret_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Setup, call and teardown of `item` under the locks of tests/exclusive.py."""
+    with exclusive.turn(item):
+        return (yield)

@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,9 +25,10 @@ ENGINE_ARGS = ["--model", "tiny-hybrid", "--speculative-tokens", "2", "--num-blo
 PREFIX, SUFFIX = 1024, 16
 
 
-def _start(policy: str, transport: str) -> Cluster:
+def _start(policy: str, transport: str, logs: Path) -> Cluster:
     cluster = Cluster(
-        engine_args=[*ENGINE_ARGS, "--pd-policy", policy, "--kv-transport", transport]
+        engine_args=[*ENGINE_ARGS, "--pd-policy", policy, "--kv-transport", transport],
+        log_dir=logs,
     )
     cluster.start(timeout=300)
     return cluster
@@ -42,6 +44,15 @@ def stop_later() -> Iterator[Callable[[Cluster], None]]:
         yield lambda cluster: stops.append(pool.submit(cluster.stop))
     for stop in stops:
         stop.result()
+
+
+@pytest.fixture(scope="module")
+def per_group_shm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The per-group cluster over shm, shared by the policy test (its per-group case) and the
+    soak: the soak needs no cold cache and counts the router's responses as a difference."""
+    cluster = _start("per-group", "shm", tmp_path_factory.mktemp("up-per-group-shm"))
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +87,19 @@ def _expected(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> l
     return [r.output_ids for r in engine.generate(prompts, params)]
 
 
-def _usage(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith("vllm:kv_cache_usage_perc"):
+def _metric(url: str, series: str) -> float | None:
+    """The value of the first line of `series` (a name, or a name with its labels), None
+    before its first sample."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(series) and line[len(series) : len(series) + 1] in ("{", " "):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no vllm:kv_cache_usage_perc")
+    return None
+
+
+def _usage(url: str) -> float:
+    usage = _metric(url, "vllm:kv_cache_usage_perc")
+    assert usage is not None, "no vllm:kv_cache_usage_perc"
+    return usage
 
 
 def _pools_empty(cluster: Cluster) -> bool:
@@ -99,16 +117,17 @@ def _probe(url: str) -> dict[str, dict[str, int]]:
     return {p.name: p.as_dict() for p in report.phases}
 
 
-def test_policies_end_to_end(colocated_engine, stop_later) -> None:
+def test_policies_end_to_end(colocated_engine, stop_later, per_group_shm, tmp_path) -> None:
     """Every policy, one cluster each: exact tokens, the probe's reuse, pools back to empty."""
     prompts = _prompts(1)
     expected = _expected(colocated_engine, prompts, 12)
-    for policy in ("legacy", "replay-slack", "exact", "per-group"):
-        cluster = _start(policy, "shm")
+    for policy in ("legacy", "replay-slack", "exact"):
+        cluster = _start(policy, "shm", tmp_path / policy)
         try:
             _check_policy(cluster, policy, prompts, expected)
         finally:
             stop_later(cluster)
+    _check_policy(per_group_shm, "per-group", prompts, expected)
 
 
 def _check_policy(
@@ -139,9 +158,11 @@ def _check_policy(
     "transport",
     [t for t, why in availability().items() if why is None and t != "shm"],
 )
-def test_transports_across_processes(colocated_engine, stop_later, transport: str) -> None:
+def test_transports_across_processes(
+    colocated_engine, stop_later, transport: str, tmp_path: Path
+) -> None:
     prompts = _prompts(2)
-    cluster = _start("per-group", transport)
+    cluster = _start("per-group", transport, tmp_path)
     try:
         assert _through_router(cluster.router.url, prompts, 8) == _expected(
             colocated_engine, prompts, 8
@@ -151,8 +172,10 @@ def test_transports_across_processes(colocated_engine, stop_later, transport: st
         stop_later(cluster)
 
 
-def test_soak_200_requests_at_concurrency_16(stop_later) -> None:
-    cluster = _start("per-group", "shm")
+def test_soak_200_requests_at_concurrency_16(per_group_shm: Cluster) -> None:
+    cluster = per_group_shm
+    counted = 'relaykv:router_responses_total{endpoint="/v1/completions",status="200"}'
+    before = _metric(cluster.router.url, counted) or 0.0
     rng = random.Random(3)
     shared = [rng.randrange(1, 256) for _ in range(400)]
     jobs = []
@@ -182,12 +205,7 @@ def test_soak_200_requests_at_concurrency_16(stop_later) -> None:
                     return body["max_tokens"] if tokens else -1
             return await asyncio.gather(*(one(body) for body in jobs))
 
-    try:
-        results = asyncio.run(run())
-        assert results == [body["max_tokens"] for body in jobs]
-        assert _pools_empty(cluster)
-        metrics = httpx.get(f"{cluster.router.url}/metrics").text
-        counted = 'relaykv:router_responses_total{endpoint="/v1/completions",status="200"} 200.0'
-        assert counted in metrics
-    finally:
-        stop_later(cluster)
+    results = asyncio.run(run())
+    assert results == [body["max_tokens"] for body in jobs]
+    assert _pools_empty(cluster)
+    assert _metric(cluster.router.url, counted) == before + 200

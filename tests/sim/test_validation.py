@@ -17,7 +17,8 @@ import statistics
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# Exclusive: the measured run must not share the CPUs with another test (tests/exclusive.py).
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 TIMING = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 TOLERANCE = {**dict.fromkeys(TIMING, 0.35), "d_local_hit_tokens": 0.05}

@@ -108,8 +108,10 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--model", model]
     up += ["--speculative-tokens", str(k), *ENGINE]
     with tempfile.TemporaryDirectory() as tmp:
+        # The members' logs go with the temporary directory (nothing reads them), instead of
+        # one /tmp/relaykv-up-* directory left behind per calibration.
         proc = subprocess.Popen(
-            up,
+            [*up, "--log-dir", str(Path(tmp) / "up")],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
