@@ -34,9 +34,9 @@ lint: $(VENV)/.installed
 
 # Two xdist workers, each test file on one of them (module-scoped clusters start once); many
 # tests wait on subprocesses and sockets, so the second worker uses a core the first leaves
-# idle. Timing-sensitive tests are marked `exclusive` and run alone (tests/exclusive.py).
-# `make test PYTEST_ARGS=` runs the suite in one process.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# idle. Files go out long ones first (tests/file_order.py); timing-sensitive tests are marked
+# `exclusive` and run alone (tests/exclusive.py). `make test PYTEST_ARGS=` runs one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -11,8 +11,8 @@ load into slowdowns of 3-10x (tiny-hybrid's forced-preemption test: 5-18 s with 
 threads, 1.9 s with one; `benchmarks/sim_validate.py` pins its engines the same way). What
 the tests compare is computed in the same configuration as its reference.
 
-`make test` runs the suite on two xdist workers; a test marked `exclusive` runs while no
-other test does (tests/exclusive.py).
+`make test` runs the suite on two xdist workers, long files first (tests/file_order.py); a
+test marked `exclusive` runs while no other test does (tests/exclusive.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import pytest
 
 from relaykv.transfer.transport.auth import SECRET_ENV, write_secret_file
-from tests import exclusive
+from tests import exclusive, file_order
 
 # At import, not in pytest_configure: the conftests of the paths on the command line (torch
 # in tests/model/conftest.py) are imported before any pytest_configure runs.
@@ -49,6 +49,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     exclusive.unconfigure()
     if _secret_dir is not None:
         shutil.rmtree(_secret_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    file_order.longest_first(config, items)
 
 
 @pytest.hookimpl(wrapper=True)

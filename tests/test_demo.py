@@ -39,6 +39,11 @@ def test_gemma_demo_runs_with_its_draft_then_a_link_shaped_ab(monkeypatch, tmp_p
     assert "per-group=--pd-policy per-group --kv-transport tcp --kv-link-gbps 10" in link
     assert link[link.index("--groups") + 1].startswith("c1/output1:")
     assert link[link.index("--output-dir") + 1].endswith("link-10gbps")
+    # The link part's longer shared prefix fits its engines' --max-model-len.
+    link_prefix = int(link[link.index("--prefix-len") + 1])
+    link_up = link[link.index("--up-cmd") + 1]
+    max_len = int(link_up.split("--max-model-len ")[1].split()[0])
+    assert link_prefix > int(ab[ab.index("--prefix-len") + 1]) and link_prefix + 64 + 1 <= max_len
 
 
 def test_demo_falls_back_to_tiny_hybrid_without_gemma(monkeypatch) -> None:

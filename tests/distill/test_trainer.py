@@ -29,10 +29,14 @@ RECIPE = replace(
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory):
+def corpus_paths(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     loaded = load_model("tiny-hybrid")
-    paths = build_corpus(RECIPE, loaded, tmp_path_factory.mktemp("data"), progress=False)
-    return loaded, stack_corpus(load_corpus(paths))
+    return build_corpus(RECIPE, loaded, tmp_path_factory.mktemp("data"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_paths: list[Path]):
+    return load_model("tiny-hybrid"), stack_corpus(load_corpus(corpus_paths))
 
 
 @pytest.mark.slow
@@ -81,3 +85,13 @@ def test_an_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path: Path, 
     assert want.keys() == got.keys()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_max_len_cuts_sequences_before_padding(corpus, corpus_paths: list[Path]) -> None:
+    _, full = corpus
+    cut = stack_corpus(load_corpus(corpus_paths), max_len=20)
+    assert cut.tokens.shape[1] == 20 and cut.hidden.shape[1] == 19
+    assert torch.equal(cut.tokens, full.tokens[:, :20])
+    assert torch.equal(cut.labels, full.labels[:, :19])
+    assert torch.equal(cut.loss_reg, full.loss_reg[:, :18])  # positions p with token p+2 < 20
+    assert torch.equal(cut.loss_ce, full.loss_ce[:, :18])

@@ -11,13 +11,18 @@ import sys
 import httpx
 import pytest
 
+from relaykv.serve.cpu_threads import colocated_engine_env
 
+
+@pytest.mark.slow
 def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaykv", "up", "--json", "--num-blocks", "300",
-         "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path)],
+         "--max-model-len", "1024", "--kv-transport", "tcp", "--log-dir", str(tmp_path),
+         "--torch-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"},
+             "PYTHONUNBUFFERED": "1"},
     )
     try:
         line = proc.stdout.readline()  # blocks until the cluster is ready (or up exits)
@@ -37,6 +42,9 @@ def test_up_prints_one_json_line_then_stops_on_sigterm(tmp_path) -> None:
                 httpx.get(f"{url}/health", timeout=2)
         assert {p.name for p in tmp_path.iterdir()} == {"prefill0.log", "decode0.log",
                                                         "router.log"}
+        for engine in ("prefill0", "decode0"):  # the flag beats the suite's OMP_NUM_THREADS=1
+            log = (tmp_path / f"{engine}.log").read_text()
+            assert "torch threads: 2 (OMP_WAIT_POLICY=PASSIVE)" in log
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -47,3 +55,8 @@ def test_up_rejects_bad_counts() -> None:
     proc = subprocess.run([sys.executable, "-m", "relaykv", "up", "--num-decode", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--num-prefill/--num-decode" in proc.stderr
+
+
+def test_colocated_engines_get_a_passive_openmp_wait_policy_unless_set() -> None:
+    assert colocated_engine_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert colocated_engine_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}

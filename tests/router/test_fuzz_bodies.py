@@ -70,6 +70,7 @@ def cluster() -> Iterator[tuple[RouterThread, ServerThread, ServerThread]]:
     p.stop()
 
 
+@pytest.mark.slow
 def test_fuzzed_bodies_through_the_router_never_get_a_500(cluster) -> None:
     router, p, d = cluster
     with httpx.Client(base_url=router.url, timeout=30) as client:

@@ -39,6 +39,8 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str, loads: bool = False) -
         (["--role", "router"], "--role"),
         (["--kv-load-failure", "retry"], "--kv-load-failure"),
         (["--kv-lease-seconds", "0"], "--kv-lease-seconds"),
+        (["--torch-threads", "0"], "--torch-threads"),
+        (["--torch-threads", "two"], "--torch-threads"),
         (["--role", "decode", "--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
         (["--role", "prefill", "--kv-transfer-port", "70000"], "--kv-transfer-port"),
     ],

@@ -22,6 +22,7 @@ def fuzzed() -> Iterator[ServerThread]:
     srv.stop()
 
 
+@pytest.mark.slow
 def test_fuzzed_bodies_never_get_a_500(fuzzed: ServerThread) -> None:
     with httpx.Client(base_url=fuzzed.url, timeout=30) as client:
         fuzz(client, EXAMPLES)

@@ -3,9 +3,10 @@
     relaykv distill-draft --model gemma3-270m --out drafts/gemma
     relaykv distill-draft --model tiny-hybrid --out /tmp/tiny --token-budget 50000
 
-Three resumable stages, each with a progress bar: the corpus (the target generates it on
-the real engine; one file per shard under OUT/data), training (OUT/train/state.pt every
-few steps; `--token-budget` bounds the positions trained on), then the EAGLE checkpoint
+Three resumable stages, each with a progress bar: the corpus (the target generates it in
+batched dense forwards, tested against the engine; one file per shard under OUT/data),
+training (OUT/train/state.pt every few steps; `--token-budget` bounds the positions
+trained on), then the EAGLE checkpoint
 (OUT/config.json + model.safetensors, float16) and its acceptance on held-out prompts at
 K=1 and K=3 (OUT/eval.json, also printed as one JSON line). Rerunning the same command
 continues where it stopped. docs/model.md ("Distilling a draft") describes the recipes.
@@ -86,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     paths, validation = split_validation(build_corpus(recipe, loaded, out / "data", progress))
     corpus_s = time.monotonic() - started
     shards = load_corpus(paths)
-    data = stack_corpus(shards)
+    data = stack_corpus(shards, recipe.max_len)
     draft = train_draft(
         loaded.model, recipe, data, out / "train" / "state.pt", args.token_budget, progress
     )
@@ -105,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         "train_top1": round(top1_agreement(loaded.model, draft, data), 4),
     }
     if validation:
-        held = stack_corpus(load_corpus(validation))
+        held = stack_corpus(load_corpus(validation), recipe.max_len)
         report["held_out_top1"] = round(top1_agreement(loaded.model, draft, held), 4)
     if not args.no_eval:
         shipped = load_eagle_checkpoint(out, loaded.config)

@@ -8,13 +8,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from relaykv.distill.corpus import (
-    Shard,
-    collect_shard,
-    load_shard,
-    sample_openers,
-    save_shard,
+from relaykv.distill.corpus import Shard, load_shard, save_shard
+from relaykv.distill.generate import (
+    continue_batch,
+    generated_shard,
+    greedy_picker,
+    sampling_picker,
 )
+from relaykv.distill.labels import ShortlistHead
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.prompts import OPENERS
 from relaykv.distill.recipes import Recipe
@@ -25,13 +26,15 @@ from relaykv.model.loading.tokenizer import Tokenizer
 
 class PromptSource:
     """A recipe's generation prompts, deterministic: prompt i < `num_prompts` is an opener
-    (random ids for `random` recipes) followed by its seeded sampled tail; the
-    next `doc_prompts` are the first `doc_prompt_tokens` tokens of seeded offline-text
-    windows (`text_corpus`), used as they are."""
+    (random ids for `random` recipes) followed by a tail the target samples (temperature
+    1, top-p 0.95, seeded per shard); the next `doc_prompts` are the first
+    `doc_prompt_min`..`doc_prompt_tokens` tokens (a seeded length each) of seeded
+    offline-text windows (`text_corpus`), used as they are."""
 
     def __init__(self, recipe: Recipe, loaded: LoadedModel) -> None:
         self.recipe, self.loaded = recipe, loaded
         self._docs: list[list[int]] | None = None
+        self._doc_lens: list[int] = []
 
     @property
     def total(self) -> int:
@@ -53,15 +56,21 @@ class PromptSource:
         elif openers:
             tokenizer = self._tokenizer()
             texts = [tokenizer.encode(OPENERS[i % len(OPENERS)]) for i in openers]
-            seeds = [recipe.seed * 100_003 + i for i in openers]
-            prompts = sample_openers(loaded.model, texts, recipe.prompt_tokens, seeds)
+            pick = sampling_picker(loaded.model, recipe.seed * 100_003 + index)
+            prompts = continue_batch(loaded.model, texts, recipe.prompt_tokens, pick).sequences
         docs = [i - recipe.num_prompts for i in ids if i >= recipe.num_prompts]
         if docs:
             if self._docs is None:
                 self._docs = text_windows(
                     self._tokenizer(), recipe.doc_prompts, recipe.doc_prompt_tokens, DOC_SEED
                 )
-            prompts += [self._docs[j] for j in docs if j < len(self._docs)]
+                low = recipe.doc_prompt_min or recipe.doc_prompt_tokens
+                gen = torch.Generator().manual_seed(DOC_SEED + 1)
+                size = (len(self._docs),)
+                self._doc_lens = torch.randint(
+                    low, recipe.doc_prompt_tokens + 1, size, generator=gen
+                ).tolist()
+            prompts += [self._docs[j][: self._doc_lens[j]] for j in docs if j < len(self._docs)]
         return prompts
 
     def _tokenizer(self) -> Tokenizer:
@@ -89,8 +98,14 @@ def build_corpus(
 
 
 def build_generated(
-    recipe: Recipe, loaded: LoadedModel, data_dir: Path, progress: bool = True
+    recipe: Recipe,
+    loaded: LoadedModel,
+    data_dir: Path,
+    progress: bool = True,
+    part: tuple[int, int] = (0, 1),
 ) -> list[Path]:
+    """Write the missing generated shards; `part=(k, m)`: only shards i with i % m == k
+    (so m single-threaded processes can share the work); returns every shard's path."""
     data_dir.mkdir(parents=True, exist_ok=True)
     paths = [data_dir / f"shard-{i:04d}.safetensors" for i in range(num_shards(recipe))]
     source = PromptSource(recipe, loaded)
@@ -108,18 +123,21 @@ def build_generated(
         file=sys.stderr,
         disable=not progress,
     ) as bar:
+        head = ShortlistHead(loaded.model)
         for i, path in enumerate(paths):
-            if path.is_file():
+            if path.is_file() or i % part[1] != part[0]:
                 continue
-            shard = collect_shard(
+            prompts = source.shard(i)
+            continued = continue_batch(
                 loaded.model,
-                source.shard(i),
+                prompts,
                 recipe.gen_len,
+                greedy_picker(head.top),
                 loaded.eos_token_ids,
-                concurrency=recipe.shard_prompts,
                 on_step=bar.update,
-                candidates=max(recipe.candidates, 1),
             )
+            candidates = max(recipe.candidates, 1)
+            shard = generated_shard(loaded.model, prompts, continued, candidates, head)
             save_shard(shard, path)
     return paths
 

@@ -30,6 +30,7 @@ class Recipe:
     # `doc_prompt_tokens` tokens, continued greedily for `gen_len` like the openers.
     doc_prompts: int = 0
     doc_prompt_tokens: int = 32
+    doc_prompt_min: int = 0  # > 0: each doc prompt keeps a seeded min..max-token prefix
     # Teacher-forced offline text (`text_corpus`): windows of `text_len` tokens, written
     # `shard_windows` per shard; 0 windows: generated text only.
     text_windows: int = 0
@@ -43,6 +44,7 @@ class Recipe:
     # > 0: each batch draws this share of its sequences from the generated ones (the
     # serving distribution, a small part of the corpus), the rest from the text windows.
     generated_share: float = 0.0
+    max_len: int = 0  # > 0: training cuts every sequence to this many tokens
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
 
 
@@ -62,8 +64,9 @@ RECIPES: dict[str, Recipe] = {
         lr=3e-3,
     ),
     # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
-    # argmax as labels) plus its greedy continuations of varied openers; a restricted
-    # vocabulary keeps the 262k-entry LM head out of the loss.
+    # argmax as labels) plus its greedy continuations of varied openers and offline-text
+    # prompts; a restricted vocabulary keeps the 262k-entry LM head out of the loss. This
+    # is the shipped draft's recipe: larger generated corpora (docs/model.md) did no better.
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",

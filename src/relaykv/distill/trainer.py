@@ -57,7 +57,11 @@ class Batchable:
         return int(self.loss_reg.sum())
 
 
-def stack_corpus(shards: list[Shard]) -> Batchable:
+def stack_corpus(shards: list[Shard], max_len: int = 0) -> Batchable:
+    """Pad every sequence to the longest; `max_len` > 0 first cuts sequences to that many
+    tokens (so short generated sequences are not padded to long text windows)."""
+    if max_len > 0:
+        shards = [_cut(s, max_len) for s in shards]
     length = max(int(s.lengths.max()) for s in shards)
     c = min(s.cands.shape[-1] for s in shards)
     rows, hiddens, labels, cands, ce, reg, generated = [], [], [], [], [], [], []
@@ -88,6 +92,19 @@ def stack_corpus(shards: list[Shard]) -> Batchable:
         torch.cat(ce),
         torch.cat(reg),
         torch.cat(generated),
+    )
+
+
+def _cut(shard: Shard, max_len: int) -> Shard:
+    if shard.tokens.shape[1] <= max_len:
+        return shard
+    return Shard(
+        shard.tokens[:, :max_len],
+        shard.lengths.clamp(max=max_len),
+        shard.prompt_lens.clamp(max=max_len),
+        shard.hidden[:, : max_len - 1],
+        shard.labels[:, : max_len - 1],
+        shard.cands[:, : max_len - 1],
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
 from relaykv.private_files import API_KEY_ENV, PrivateFileError, resolve_api_key
+from relaykv.serve.cpu_threads import colocated_engine_env, positive_threads
 from relaykv.serve.options import DEFAULT_PD_POLICY, PD_POLICIES
 from relaykv.serve.pd_wiring import (
     KV_SECRET_ENV,
@@ -44,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["cache-aware", "least-loaded", "round-robin"],
                         help="the router's engine choice (docs/routing.md); cache-aware turns "
                         "on every engine's KV events")
+    parser.add_argument("--torch-threads", type=positive_threads, default=None, metavar="N",
+                        help="torch (OpenMP) threads per engine (default: torch's, one per CPU "
+                        "or $OMP_NUM_THREADS); the engines' idle OpenMP workers sleep "
+                        "(OMP_WAIT_POLICY=PASSIVE unless set): docs/serving.md, 'CPU threads'")
     parser.add_argument("--host", default="127.0.0.1", help="address every member binds")
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free one)")
     parser.add_argument("--api-key", default=None,
@@ -112,6 +118,10 @@ def _run_cluster(
 ) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
+    if args.torch_threads is not None:
+        common += ["--torch-threads", str(args.torch_threads)]
+    # Co-located engines must not spin OpenMP workers on each other's cores (cpu_threads.py).
+    env = {**colocated_engine_env(os.environ), **env}
     cluster = Cluster(
         engine_args=common,
         router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing,

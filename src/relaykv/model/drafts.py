@@ -1,6 +1,6 @@
 """The EAGLE drafts shipped with relaykv, by preset name.
 
-`relaykv distill-draft --model NAME` builds a preset's draft on the real engine
+`relaykv distill-draft --model NAME` builds a preset's draft from the target's own text
 (`relaykv.distill`, docs/model.md "Distilling a draft"); its result is committed under
 `draft_weights/NAME/` (an EAGLE checkpoint in float16) so that `--speculative-tokens K`
 works on that preset with no training on a fresh clone and the same draft on every

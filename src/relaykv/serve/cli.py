@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from relaykv.private_files import (
@@ -13,6 +14,12 @@ from relaykv.private_files import (
     resolve_api_key,
 )
 from relaykv.serve import sglang_bootstrap
+from relaykv.serve.cpu_threads import (
+    OMP_ENV,
+    WAIT_POLICY_ENV,
+    apply_torch_threads,
+    positive_threads,
+)
 from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
 from relaykv.serve.options import (
     OptionError,
@@ -64,6 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument("--access-log", action="store_true", help="log every HTTP request")
     server.add_argument(
+        "--torch-threads",
+        type=positive_threads,
+        default=None,
+        metavar="N",
+        help=f"torch (OpenMP) threads for this engine (default: torch's, ${OMP_ENV} or one per "
+        "CPU); engines sharing a host should split its CPUs (docs/serving.md, 'CPU threads')",
+    )
+    server.add_argument(
         "--kv-events-config",
         default=None,
         help="KV cache events as vLLM publishes them, a JSON object with vLLM's keys, e.g. "
@@ -102,6 +117,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from relaykv.serve.pd_wiring import connector_factory, kv_buffer_factory
     from relaykv.serve.server import serve_app
 
+    apply_torch_threads(args.torch_threads)
     try:
         factory = connector_factory(options, args)
         served = build_engine(
@@ -112,6 +128,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in served.summary:
         say(line)
     say(f"API key: {'required on /v1/*' if api_key else 'none (/v1/* is open)'}")
+    policy = os.environ.get(WAIT_POLICY_ENV)
+    say(f"torch threads: {_torch_threads()}" + (f" ({WAIT_POLICY_ENV}={policy})" if policy else ""))
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
     sglang_bootstrap.install(app, bootstrap)
     publisher = start_kv_events(served, events_config, app)
@@ -127,6 +145,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     finally:
         if publisher is not None:
             publisher.shutdown()
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def start_kv_events(served: ServedEngine, config: KVEventsConfig, app: FastAPI) -> Publisher | None:
