@@ -13,14 +13,21 @@ lookup over that engine's index, and let the cache-aware policy choose. Two prom
 A request makes two decisions (prefill, then decode) on ONE hashed prompt (`Prompt` keeps it),
 so a request's routing costs the hash once plus both roles' scoring. `hash-only ms` is the
 baseline, interleaved with the decisions: converting and hashing the whole prompt without the
-memo; `ratio` is a decision's time over it. The request has
+memo; `ratio` is a decision's time over it; `gc runs`, the cyclic garbage collector's runs
+during the row's decisions (a router's index is long-lived: a collection in a decision would
+be worth `gc.freeze()`). The request has
 65,536 tokens; 8 engines each index 100,000 blocks (gpt-oss-like geometry: a full group with
 the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 of the prompt
 in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
 real work. Prefill engines are scored with the prefill cap, decode engines with the
 `per-group` plan's local reuse. Goal: >= 1,000 decisions/s.
 
+Converting, hashing and the decode engines' holders pass run in kvcache's optional C
+accelerator when it is built (`relaykv.kvcache.accel`); `--no-accel` measures the
+pure-Python fallback a machine without a compiler gets.
+
     python benchmarks/bench_router.py [--engines 8] [--blocks 100000] [--tokens 65536]
+                                      [--no-accel]
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import sys
 import time
 import tracemalloc
 
-from relaykv.kvcache import preset
+from relaykv.kvcache import accel, preset
 from relaykv.router.backends import BackendPool
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex
@@ -86,7 +93,8 @@ def memory_per_block(blocks: int, decode: bool) -> float:
 
 def decisions_per_s(
     role: str, args: argparse.Namespace, prompt: list[int], shared: bool
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
+    """(decisions/s, ms per decision, hash-only ms: medians; cyclic GC runs meanwhile)"""
     routing = Routing("cache-aware")
     indexes = build_indexes(role, args.engines, args.blocks, prompt, routing.holders)
     urls = [f"http://engine{i}" for i in range(args.engines)]
@@ -96,6 +104,13 @@ def decisions_per_s(
         tracker.index = index
         tracker.subscriber = object()  # type: ignore[assignment]  # "following its events"
     times, hash_times = [], []
+    collections = 0
+
+    def count_collections(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        collections += phase == "start"
+
+    gc.callbacks.append(count_collections)
     chosen = None
     rng = random.Random(3)
     head = prompt[: len(prompt) - SHARED_TAIL]
@@ -115,9 +130,10 @@ def decisions_per_s(
         t2 = time.perf_counter()
         times.append(t1 - t0)
         hash_times.append(t2 - t1)
+    gc.callbacks.remove(count_collections)
     assert chosen is pool.backends[-1], "the engine holding the most of the prompt wins"
     median = statistics.median(times)
-    return 1.0 / median, median * 1e3, statistics.median(hash_times) * 1e3
+    return 1.0 / median, median * 1e3, statistics.median(hash_times) * 1e3, collections
 
 
 def main() -> int:
@@ -126,24 +142,30 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=100_000, help="indexed blocks per engine")
     parser.add_argument("--tokens", type=int, default=65_536)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument(
+        "--no-accel", action="store_true", help="measure the pure-Python fallback"
+    )
     args = parser.parse_args()
+    if args.no_accel:
+        accel.native = None
     prompt = random.Random(2).choices(range(50_000), k=args.tokens)
     print(
         f"{args.engines} engines x {args.blocks:,} indexed blocks, {args.tokens:,}-token "
         f"request, median of {args.repeat} (cpus: {os.cpu_count()})"
     )
-    print(f"load average {os.getloadavg()[0]:.1f}")
+    path = "C accelerator" if accel.native is not None else "pure Python (no accelerator)"
+    print(f"load average {os.getloadavg()[0]:.1f}; kvcache hashing and holders pass: {path}")
     print(
         f"{'role':<9} {'prompt':<7} {'decisions/s':>12} {'ms/decision':>12} "
-        f"{'hash-only ms':>13} {'ratio':>6}"
+        f"{'hash-only ms':>13} {'ratio':>6} {'gc runs':>8}"
     )
     for shared in (False, True):
         for role in ("prefill", "decode"):
-            rate, ms, base = decisions_per_s(role, args, prompt, shared)
+            rate, ms, base, collections = decisions_per_s(role, args, prompt, shared)
             kind = "shared" if shared else "fresh"
             print(
                 f"{role:<9} {kind:<7} {rate:>12,.0f} {ms:>12.2f} {base:>13.2f} "
-                f"{ms / base:>6.1f}"
+                f"{ms / base:>6.1f} {collections:>8}"
             )
     print(
         f"index memory per indexed block: {memory_per_block(200_000, False):.0f} bytes "

@@ -67,6 +67,12 @@ def test_int32_bytes_equal_the_pure_path() -> None:
     # ids read with __index__, as `struct` reads them: bools, numpy integers
     odd = [True, False, np.int64(7), np.int32(-3), np.uint16(9)]
     assert ACCEL.int32_bytes(odd) == int32_bytes_py(odd) == token_le([1, 0, 7, -3, 9])
+    # strict (a JSON body's ids): exact ints only
+    assert ACCEL.int32_bytes([5, -6], True) == int32_bytes_py([5, -6], True)
+    for item in odd:
+        for convert in (ACCEL.int32_bytes, int32_bytes_py):
+            with pytest.raises(TypeError, match="position 1 is not an integer"):
+                convert([4, item], True)
 
 
 def token_le(values: list[int]) -> bytes:

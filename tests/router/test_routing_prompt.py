@@ -32,6 +32,9 @@ def test_prompt_tokens_from_ids_text_and_salt() -> None:
         {"prompt": []},
         {"prompt": [1, "a"]},
         {"prompt": [True]},
+        {"prompt": [1, 2.0]},
+        {"prompt": [1, 2**31]},  # not an int32 id: load-only, the engine answers it
+        {"prompt": [-(2**31) - 1]},
     ):
         assert routing.prompt(body) is None
     assert Routing("least-loaded").prompt({"prompt": [1, 2]}) is None

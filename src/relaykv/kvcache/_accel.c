@@ -5,10 +5,11 @@
  * one call each, with results identical to the pure-Python paths in accel.py and hashing.py
  * (the references, and the fallback when this module was not built):
  *
- *   int32_bytes(tokens) -> bytes
+ *   int32_bytes(tokens, strict=False) -> bytes
  *       Little-endian int32 bytes of a list/tuple of token ids. Items are read with
- *       __index__ (ints, bools, numpy integers); an item that is not an integer raises
- *       TypeError and one outside int32 raises OverflowError, each naming its position.
+ *       __index__ (ints, bools, numpy integers; only exact ints when `strict`); an item
+ *       that is not an integer raises TypeError and one outside int32 raises OverflowError,
+ *       each naming its position.
  *
  *   chain(data, step, parent, first_extra, digest) -> list[bytes]
  *       h_k = digest(h_{k-1} + extra_k + data[k*step:(k+1)*step]) for every full `step`-byte
@@ -80,12 +81,16 @@ bad_token(PyObject *item, Py_ssize_t i)
     return -1;
 }
 
-/* The value of one token id, or -1 with an exception set (OverflowError outside int32). */
+/* The value of one token id, or -1 with an exception set (OverflowError outside int32).
+ * `strict`: only exact ints (a JSON body's ids), no bools or other __index__ types. */
 static int
-token_value(PyObject *item, Py_ssize_t i, int32_t *out)
+token_value(PyObject *item, Py_ssize_t i, int strict, int32_t *out)
 {
     int overflow = 0;
     long v;
+    if (strict && !PyLong_CheckExact(item)) {
+        return bad_token(item, i);
+    }
     if (PyLong_Check(item)) {
         v = PyLong_AsLongAndOverflow(item, &overflow);
     }
@@ -114,8 +119,18 @@ token_value(PyObject *item, Py_ssize_t i, int32_t *out)
 }
 
 static PyObject *
-int32_bytes(PyObject *Py_UNUSED(module), PyObject *tokens)
+int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "int32_bytes(tokens, strict=False) takes 1 or 2 "
+                                         "positional arguments");
+        return NULL;
+    }
+    PyObject *tokens = args[0];
+    int strict = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
+    if (strict < 0) {
+        return NULL;
+    }
     PyObject *out;
     PyObject *seq = sequence_and_output(tokens, "token ids must be a list or tuple of integers",
                                         4, &out);
@@ -131,7 +146,7 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *tokens)
             goto fail;
         }
         Py_INCREF(item);
-        int rc = token_value(item, i, &v);
+        int rc = token_value(item, i, strict, &v);
         Py_DECREF(item);
         if (rc < 0) {
             goto fail;
@@ -271,8 +286,8 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"int32_bytes", (PyCFunction)int32_bytes, METH_O,
-     "int32_bytes(tokens) -> little-endian int32 bytes of a list/tuple of token ids"},
+    {"int32_bytes", (PyCFunction)(void (*)(void))int32_bytes, METH_FASTCALL,
+     "int32_bytes(tokens, strict=False) -> little-endian int32 bytes of token ids"},
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
      "chain(data, step, parent, first_extra, digest) -> list of chained unit hashes"},
     {"values_u64", (PyCFunction)(void (*)(void))values_u64, METH_FASTCALL,

@@ -27,27 +27,31 @@ except ImportError:  # not built (no compiler at install time): the pure-Python 
     native = None
 
 
-def int32_bytes(tokens: Iterable[int]) -> bytes:
-    """Little-endian int32 bytes of token ids read with `__index__` (ints, numpy integers).
+def int32_bytes(tokens: Iterable[int], strict: bool = False) -> bytes:
+    """Little-endian int32 bytes of token ids read with `__index__` (ints, numpy integers;
+    `strict`: exact ints only, as a JSON body's ids are, so `true` is refused).
 
     Raises TypeError for an id that is not an integer and OverflowError for one outside
     int32, naming its position.
     """
     seq = tokens if isinstance(tokens, list | tuple) else list(tokens)
     if native is not None:
-        data: bytes = native.int32_bytes(seq)
+        data: bytes = native.int32_bytes(seq, strict)
         return data
-    return int32_bytes_py(seq)
+    return int32_bytes_py(seq, strict)
 
 
-def int32_bytes_py(tokens: Sequence[int]) -> bytes:
+def int32_bytes_py(tokens: Sequence[int], strict: bool = False) -> bytes:
     """`int32_bytes` in Python (`struct`, then a scan naming the id it refused)."""
     try:
-        return struct.pack(f"<{len(tokens)}i", *tokens)
+        if not strict or set(map(type, tokens)) <= {int}:
+            return struct.pack(f"<{len(tokens)}i", *tokens)
     except struct.error:
         pass
     for i, token in enumerate(tokens):
         try:
+            if strict and type(token) is not int:
+                raise TypeError
             value = operator.index(token)
         except TypeError:
             raise TypeError(

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from relaykv.kvcache import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.kvcache.accel import int32_bytes
 from relaykv.kvcache.hashing import PrefixChains
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.decision import Decision
@@ -59,6 +60,17 @@ class EngineTracker:
     kv_usage: float = 0.0
     decisions: int = 0
     hit_tokens: int = 0  # usable tokens of the prompts routed here (as scored)
+
+
+def _token_ids(raw: list[Any]) -> bool:
+    """Whether a body's `prompt` list is token ids the router can hash: exact ints within
+    int32 (one C pass where kvcache's accelerator is built). Anything else is routed on
+    load alone, and the engine answers it (a 400 for ids it cannot take)."""
+    try:
+        int32_bytes(raw, strict=True)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 class Routing:
@@ -97,7 +109,7 @@ class Routing:
         raw = body.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
             raw = raw[0]
-        if isinstance(raw, list) and raw and all(type(t) is int for t in raw):
+        if isinstance(raw, list) and raw and _token_ids(raw):
             return Prompt(raw, salt, self.chains)
         if isinstance(raw, str) and raw and self._tokenizer is not None:
             try:
