@@ -19,7 +19,6 @@ ALLOWED_LINES = {
     ("model/kv_layout.py", "if draft.window else"),
     ("model/kv_layout.py", "if window else"),
     ("model/kv_layout.py", 'k[0] == "full"'),
-    ("model/forward_context.py", "pos[:, None] - window"),
     ("sim/models.py", 'k[0] == "full"'),
     ("sim/cost_model.py", "return window * new"),
     ("sim/cost_model.py", "below = (lo + window) * (window - lo + 1) // 2"),

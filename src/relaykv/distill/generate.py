@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from relaykv.distill.corpus import Shard, labelled_shard
 from relaykv.distill.labels import ShortlistHead
 from relaykv.model import CausalLM
+from relaykv.model.attention.plan import visible
 from relaykv.model.kv_layout import LayerKey
 from relaykv.model.rope import RotaryEmbedding
 
@@ -67,12 +68,10 @@ class PaddedStepContext:
         found = self._masks.get(window)
         if found is None:
             end = self.start + self.length
-            q = torch.arange(self.start, end)[:, None]
-            j = torch.arange(end)[None, :]
-            seen = (j <= q) & (j[None] >= self.pad[:, None, None])
-            if window is not None:
-                seen &= j > q - window
-            found = (seen | (j == q)).unsqueeze(1)
+            q = torch.arange(self.start, end)
+            j = torch.arange(end)
+            seen = visible(q, j, window)[None] & (j[None, None, :] >= self.pad[:, None, None])
+            found = (seen | (j[None, :] == q[:, None])).unsqueeze(1)
             self._masks[window] = found
         return found
 

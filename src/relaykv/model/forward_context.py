@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from relaykv.model.attention.backend import AttentionBackend
-from relaykv.model.attention.plan import GroupPlan
+from relaykv.model.attention.plan import GroupPlan, visible
 from relaykv.model.kv_layout import KVSlot, LayerKey
 from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.rope import RotaryEmbedding
@@ -102,9 +102,7 @@ class DenseContext(_RotaryCache):
     ) -> torch.Tensor:
         n, t = self.batch, self.length
         pos = torch.arange(t, device=q.device)
-        mask = pos[None, :] <= pos[:, None]
-        if window is not None:
-            mask &= pos[None, :] > pos[:, None] - window
+        mask = visible(pos, pos, window)
         out = F.scaled_dot_product_attention(
             q.view(n, t, *q.shape[1:]).transpose(1, 2),
             k.view(n, t, *k.shape[1:]).transpose(1, 2),

@@ -99,7 +99,11 @@ def _key_start(position: int, window: int | None) -> int:
     return 0 if window is None else max(0, position - window + 1)
 
 
-def _visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+def visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """`[..., q, k]` bool: a query at `qpos` reads the key at `kpos` (causal, inside `window`).
+
+    The one statement of the model's attention read window; dense contexts build their masks
+    from it too."""
     allowed = kpos.unsqueeze(-2) <= qpos.unsqueeze(-1)
     if window is not None:
         allowed &= kpos.unsqueeze(-2) > qpos.unsqueeze(-1) - window
@@ -150,7 +154,7 @@ def build_group_plan(
             blocks = _checked_blocks(run, first, last, "attention")
             mask = None
             if not causal:
-                mask = _visible(torch.arange(qs, qe), torch.arange(first * b, last * b), window)
+                mask = visible(torch.arange(qs, qe), torch.arange(first * b, last * b), window)
             chunks.append(
                 ChunkPlan(
                     row_start=run.row_start + qs - s,
@@ -198,7 +202,7 @@ def _batched_plan(
     qpos = torch.tensor(q_starts)[:, None] + torch.minimum(j[None, :], count[:, None] - 1)
     kpos = torch.tensor(firsts)[:, None] * b + torch.arange(nb_max * b)[None, :]
     real = kpos < torch.tensor(lasts)[:, None] * b
-    mask = _visible(qpos, kpos, window) & real.unsqueeze(1)
+    mask = visible(qpos, kpos, window) & real.unsqueeze(1)
     rows = torch.tensor(row_rows)
     uniform = bool(valid.all()) and torch.equal(
         rows.flatten(), torch.arange(rows.numel()) + int(rows[0, 0])
