@@ -11,8 +11,8 @@ load into slowdowns of 3-10x (tiny-hybrid's forced-preemption test: 5-18 s with 
 threads, 1.9 s with one; `benchmarks/sim_validate.py` pins its engines the same way). What
 the tests compare is computed in the same configuration as its reference.
 
-`make test` runs the suite on two xdist workers, long files first (tests/file_order.py); a
-test marked `exclusive` runs while no other test does (tests/exclusive.py).
+`make test` runs the suite on two xdist workers, long files first (tests/file_order.py), then
+the tests marked `exclusive` in a second, single-process session (tests/exclusive.py).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ measure the other worker's load too. Marked `exclusive`, it waits until the othe
 current test has ended and holds that worker off until its own setup, call and teardown are
 done. Without xdist (`pytest tests/x.py`) the mark changes nothing.
 
+The locks keep other tests off, not the other worker's module-scoped clusters, which stay up
+between its tests and still poll. `make test` therefore runs `-m "not exclusive"` on the
+workers and then `-m exclusive` in a single-process session of its own.
+
 Two flock(2) locks in a directory the controller makes for the run and hands to its workers
 through `$RELAYKV_TEST_LOCK_DIR`:
 * the gate: every test passes through it (takes it exclusively, lets go at once); an
