@@ -34,7 +34,12 @@ log = logging.getLogger("relaykv.serve")
 
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-_POLL_S = 0.002
+# The publisher thread sleeps until the engine queues an event (`sink` wakes it) or _IDLE_S
+# passes (how long a replay request can wait on an idle engine); after a wake-up it lets
+# _BATCH_S of a step's events gather so they go out as one batch. An idle engine no longer
+# polls at 500 Hz (several % of a core per engine on a shared host).
+_IDLE_S = 0.05
+_BATCH_S = 0.002
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -123,6 +128,7 @@ class ZmqEventPublisher:
         self.published = 0  # batches sent (the next sequence number)
         self._pending: deque[WireEvent] = deque()
         self._room = threading.Condition()
+        self._wakeup = threading.Event()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode()
         self._ctx = zmq.Context()
@@ -161,11 +167,14 @@ class ZmqEventPublisher:
                 while len(self._pending) >= self.config.max_queue_size and self._running:
                     self._room.wait(0.1)
         self._pending.append(wire)
+        if not self._wakeup.is_set():  # is_set takes no lock; set() does
+            self._wakeup.set()
 
     # -- publisher thread --------------------------------------------------------------
     def _loop(self) -> None:
         encoder = msgspec.msgpack.Encoder()
         while True:
+            self._wakeup.clear()  # before looking: an event queued from here on wakes the wait
             if self._replay is not None and self._replay.poll(0):
                 with contextlib.suppress(zmq.ZMQError):
                     self._serve_replay()
@@ -179,8 +188,8 @@ class ZmqEventPublisher:
                 self.published = seq + 1
             elif not self._running:
                 return
-            else:
-                time.sleep(_POLL_S)
+            elif self._wakeup.wait(_IDLE_S):
+                time.sleep(_BATCH_S)
 
     def _take(self) -> list[WireEvent]:
         out: list[WireEvent] = []
@@ -220,6 +229,7 @@ class ZmqEventPublisher:
             return
         self._pending.append(AllBlocksCleared())
         self._running = False
+        self._wakeup.set()
         with self._room:
             self._room.notify_all()
         self._thread.join(timeout)
