@@ -27,13 +27,14 @@ from relaykv.distill.corpus import Shard, labelled_shard
 from relaykv.distill.labels import ShortlistHead
 from relaykv.model import CausalLM
 from relaykv.model.attention.plan import visible
+from relaykv.model.forward_context import RotaryCache
 from relaykv.model.kv_layout import LayerKey
 from relaykv.model.rope import RotaryEmbedding
 
 Picker = Callable[[torch.Tensor, int], torch.Tensor]  # (last hidden [n, H], step) -> ids [n]
 
 
-class PaddedStepContext:
+class PaddedStepContext(RotaryCache):
     """One forward step of `n` left-padded rows over slots `[start, start + length)`.
 
     `cache` maps each layer to its `(keys, values)` `[n, capacity, kv_heads, head_dim]`,
@@ -49,19 +50,11 @@ class PaddedStepContext:
         capacity: int,
         dtype: torch.dtype,
     ) -> None:
-        self.rotaries, self.cache, self.pad = rotaries, cache, pad
-        self.start, self.length, self.capacity, self.dtype = start, length, capacity, dtype
         slots = torch.arange(start, start + length)
-        self.positions = (slots[None, :] - pad[:, None]).clamp(min=0).flatten()
-        self._rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        super().__init__(rotaries, (slots[None, :] - pad[:, None]).clamp(min=0).flatten(), dtype)
+        self.cache, self.pad = cache, pad
+        self.start, self.length, self.capacity = start, length, capacity
         self._masks: dict[int | None, torch.Tensor] = {}
-
-    def rotary(self, rope_key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        found = self._rotary.get(rope_key)
-        if found is None:
-            found = self.rotaries[rope_key].cos_sin(self.positions, self.dtype)
-            self._rotary[rope_key] = found
-        return found
 
     def _mask(self, window: int | None) -> torch.Tensor:
         """`[n, 1, length, end]` bool: query slot q sees key slot j."""

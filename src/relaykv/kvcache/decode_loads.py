@@ -315,7 +315,7 @@ def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.nd
     """The block indices `reused_blocks` keeps, ascending, from probes given as an array
     (nonzero: held; one past `stop` under the peek where the prompt has that block). A router
     needs which blocks a decode engine reuses, not their ids: this skips building the dict
-    (docs/routing.md "Cost"); `tests/kvcache/test_accel.py` checks it against
+    (docs/routing.md "Cost"); `tests/kvcache/test_reuse_arrays.py` checks it against
     `reused_blocks`."""
     n = max(0, stop - start)
     held = np.asarray(found[:n]) != 0
@@ -346,4 +346,3 @@ def tokens_local_in(
         reused[indices[(indices >= 0) & (indices < len(reused))]] = True
         covered &= reused[blocks]
     return min(int(np.count_nonzero(covered)) * unit, n - 1)
-

@@ -19,7 +19,10 @@ from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.rope import RotaryEmbedding
 
 
-class _RotaryCache:
+class RotaryCache:
+    """The rotary cos/sin of a pass's positions, computed once per rope kind; the base of
+    every forward context (`AttentionContext.rotary`)."""
+
     def __init__(
         self, rotaries: dict[str, RotaryEmbedding], positions: torch.Tensor, dtype: torch.dtype
     ) -> None:
@@ -36,7 +39,7 @@ class _RotaryCache:
         return found
 
 
-class PagedContext(_RotaryCache):
+class PagedContext(RotaryCache):
     """One pass over paged KV: positions [T], one `GroupPlan` per group it touches."""
 
     def __init__(
@@ -73,7 +76,7 @@ class PagedContext(_RotaryCache):
         return self.backend.attend(plan, q, k_pages, v_pages, scale)
 
 
-class DenseContext(_RotaryCache):
+class DenseContext(RotaryCache):
     """Causal (optionally sliding) attention inside `batch` sequences of equal length.
 
     Rows are `[batch * length]`, sequence-major; positions restart at 0 in each sequence.
