@@ -38,6 +38,7 @@ def test_gemma_draft_is_lossless_and_accepted(gemma3_270m) -> None:
     plain, _ = greedy_outputs(loaded.model, prompts, 16, eos)
     spec, (drafts, proposed, accepted) = greedy_outputs(loaded.model, prompts, 16, eos, draft, 3)
     assert spec == plain
-    # The shipped draft is still weak (26 % at K=1, tau 1.35 at K=3 on 20 held-out prompts,
-    # docs/model.md); a random draft is accepted ~never on a 262k vocabulary.
-    assert drafts > 0 and accepted / proposed > 0.05
+    # Here 45 % of K=3 proposals, tau 2.3 (on 20 held-out prompts x 64 tokens: 32.8 %, tau
+    # 1.97; 54.8 % at K=1: docs/model.md); the previous draft made 12 % / 1.35 and a random
+    # one is accepted ~never on a 262k vocabulary. Greedy acceptance is deterministic.
+    assert drafts > 0 and accepted / proposed > 0.25 and 1 + accepted / drafts > 1.5

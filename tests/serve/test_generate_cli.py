@@ -98,6 +98,28 @@ def test_cli_greedy_equals_library_and_speculation(capsys, tiny):
     assert spec[0]["output_ids"] == rnd[0]["output_ids"] == lib
 
 
+def test_json_summary_reports_the_acceptance(capsys):
+    args = ["--prompt-ids", "1,5,9,200,31", "--max-tokens", "24", "--ignore-eos"]
+    assert main(["generate", *args, "--json", "--speculative-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1  # stdout: one object per prompt, nothing else
+    report = json.loads(err.strip().splitlines()[-1])["summary"]
+    drafts, proposed, accepted = (
+        report["num_drafts"],
+        report["num_draft_tokens"],
+        report["num_accepted_tokens"],
+    )
+    assert report["tokens"] == 24 and report["speculative_tokens"] == 3
+    assert proposed == 3 * drafts and 0 < accepted <= proposed  # the shipped tiny draft
+    assert report["draft_acceptance"] == round(accepted / proposed, 4)
+    assert report["mean_accepted_length"] == round(1 + accepted / drafts, 4)
+    # The prefill emits the first token, each verification step its accepted drafts plus
+    # one (the last step may run past --max-tokens and be cut).
+    assert drafts < 24 and 1 + drafts + accepted >= 24
+    assert main(["generate", *args, "--json"]) == 0
+    assert "draft_acceptance" not in capsys.readouterr().err
+
+
 def test_seeded_sampling_is_reproducible(capsys):
     args = (
         "--prompt",

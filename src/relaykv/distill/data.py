@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from relaykv.distill.generate import (
     sampling_picker,
 )
 from relaykv.distill.labels import ShortlistHead
+from relaykv.distill.loop_text import loop_windows
 from relaykv.distill.prefill import text_shard
 from relaykv.distill.prompts import OPENERS
 from relaykv.distill.recipes import Recipe
@@ -145,24 +147,38 @@ def build_generated(
 def build_text(
     recipe: Recipe, loaded: LoadedModel, data_dir: Path, progress: bool = True
 ) -> list[Path]:
-    """The recipe's teacher-forced shards (`text-NNNN`), each `shard_windows` windows."""
-    if recipe.text_windows == 0:
-        return []
-    count = -(-recipe.text_windows // recipe.shard_windows)
-    paths = [data_dir / f"text-{i:04d}.safetensors" for i in range(count)]
+    """The recipe's teacher-forced shards: offline text (`text-NNNN`), then loop windows
+    (`loop-NNNN`, `loop_text`), each `shard_windows` windows."""
+    shards = []
+    if recipe.text_windows:
+        shards += _teacher_forced(recipe, loaded, data_dir, "text", progress)
+    if recipe.loop_windows:
+        shards += _teacher_forced(recipe, loaded, data_dir, "loop", progress)
+    return shards
+
+
+def _teacher_forced(
+    recipe: Recipe, loaded: LoadedModel, data_dir: Path, kind: str, progress: bool
+) -> list[Path]:
+    wanted = recipe.text_windows if kind == "text" else recipe.loop_windows
+    count = -(-wanted // recipe.shard_windows)
+    paths = [data_dir / f"{kind}-{i:04d}.safetensors" for i in range(count)]
     missing = [i for i, p in enumerate(paths) if not p.is_file()]
     if not missing:
         return paths
     if loaded.tokenizer is None:
         raise ValueError(f"{recipe.model}: offline text needs a tokenizer")
-    windows = text_windows(loaded.tokenizer, recipe.text_windows, recipe.text_len, recipe.seed)
+    if kind == "text":
+        windows = text_windows(loaded.tokenizer, wanted, recipe.text_len, recipe.seed)
+    else:
+        windows = loop_windows(loaded.tokenizer, wanted, recipe.text_len)
     paths = paths[: -(-len(windows) // recipe.shard_windows)]  # the sources may hold fewer
     data_dir.mkdir(parents=True, exist_ok=True)
     done = sum(recipe.shard_windows for i in range(len(paths)) if i not in missing)
     with tqdm(
         total=len(windows) * recipe.text_len,
         initial=min(done, len(windows)) * recipe.text_len,
-        desc=f"{recipe.model}: teacher-forcing offline text",
+        desc=f"{recipe.model}: teacher-forcing offline {'text' if kind == 'text' else 'loops'}",
         unit="tok",
         file=sys.stderr,
         disable=not progress,
@@ -172,6 +188,10 @@ def build_text(
                 continue
             chunk = windows[i * recipe.shard_windows : (i + 1) * recipe.shard_windows]
             shard = text_shard(loaded.model, chunk, max(recipe.candidates, 1), bar.update)
+            if kind == "loop":
+                # Sampled with the generated sequences (the target's own loops): the BOS
+                # is their one-token "prompt" (`trainer.stack_corpus`).
+                shard = dataclasses.replace(shard, prompt_lens=torch.ones_like(shard.prompt_lens))
             save_shard(shard, path)
     return paths
 

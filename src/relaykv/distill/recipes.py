@@ -36,6 +36,9 @@ class Recipe:
     text_windows: int = 0
     text_len: int = 256
     shard_windows: int = 32
+    # Loop windows (`loop_text`): text whose tail repeats a span, teacher-forced like the
+    # text windows and sampled with the generated sequences (`generated_share`).
+    loop_windows: int = 0
     # Cross-entropy: over the full vocabulary (0), or over the union of the batch's
     # recorded top-`candidates` tokens (large vocabularies: hard negatives only).
     candidates: int = 0
@@ -63,31 +66,35 @@ RECIPES: dict[str, Recipe] = {
         batch_sequences=16,
         lr=3e-3,
     ),
-    # Gemma-3-270M: teacher-forced windows of offline documentation (the target's own
-    # argmax as labels) plus its greedy continuations of varied openers and offline-text
-    # prompts; a restricted vocabulary keeps the 262k-entry LM head out of the loss. This
-    # is the shipped draft's recipe: larger generated corpora (docs/model.md) did no better.
+    # Gemma-3-270M: teacher-forced windows of offline documentation and of loops (the
+    # target's own argmax as labels) plus its greedy continuations of varied openers and
+    # offline-text prompts; half of each batch is generated text or loops. A restricted
+    # vocabulary keeps the 262k-entry LM head out of the loss. The shipped draft's recipe
+    # (docs/model.md lists the earlier ones and their results).
     "gemma3-270m": Recipe(
         model="gemma3-270m",
         prompt_source="openers",
-        num_prompts=192,
+        num_prompts=384,
         prompt_tokens=8,
-        gen_len=64,
-        shard_prompts=64,
+        gen_len=128,
+        shard_prompts=128,
         draft_heads=2,
         draft_intermediate=1024,
-        token_budget=700_000,
+        token_budget=7_000_000,
         batch_sequences=8,
         lr=1e-3,
-        doc_prompts=192,
+        doc_prompts=640,
         doc_prompt_tokens=32,
+        doc_prompt_min=8,
         text_windows=1536,
         text_len=256,
         shard_windows=32,
+        loop_windows=512,
         candidates=8,
         ce_weight=1.0,
         unroll_weight=0.5,
-        generated_share=0.25,
-        checkpoint_every=10,
+        generated_share=0.5,
+        max_len=160,
+        checkpoint_every=50,
     ),
 }

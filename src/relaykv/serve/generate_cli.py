@@ -264,8 +264,24 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(text if text is not None else " ".join(map(str, result.output_ids)))
     generated = sum(len(r.output_ids) for r in results)
+    stats = runner.stats
+    if args.json:
+        # stdout stays one object per prompt; the run's summary is one object on stderr.
+        report: dict[str, object] = {"prompts": len(results), "tokens": generated}
+        report["seconds"] = round(elapsed, 3)
+        if args.speculative_tokens:
+            report["speculative_tokens"] = args.speculative_tokens
+            report["draft_acceptance"] = round(stats.acceptance_rate, 4)
+            # EAGLE's tau: tokens per verification step (accepted drafts + the target's own).
+            tau = 1 + stats.num_accepted_tokens / stats.num_drafts if stats.num_drafts else 1.0
+            report["mean_accepted_length"] = round(tau, 4)
+            report["num_drafts"] = stats.num_drafts
+            report["num_draft_tokens"] = stats.num_draft_tokens
+            report["num_accepted_tokens"] = stats.num_accepted_tokens
+        print(json.dumps({"summary": report}), file=sys.stderr)
+        return 0
     summary = f"{len(results)} prompts, {generated} tokens in {elapsed:.2f}s"
     if args.speculative_tokens:
-        summary += f", draft acceptance {runner.stats.acceptance_rate:.0%}"
+        summary += f", draft acceptance {stats.acceptance_rate:.0%}"
     print(summary, file=sys.stderr)
     return 0
