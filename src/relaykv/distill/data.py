@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -149,36 +150,58 @@ def build_text(
 ) -> list[Path]:
     """The recipe's teacher-forced shards: offline text (`text-NNNN`), then loop windows
     (`loop-NNNN`, `loop_text`), each `shard_windows` windows."""
-    shards = []
-    if recipe.text_windows:
-        shards += _teacher_forced(recipe, loaded, data_dir, "text", progress)
-    if recipe.loop_windows:
-        shards += _teacher_forced(recipe, loaded, data_dir, "loop", progress)
-    return shards
+    n, length = recipe.text_windows, recipe.text_len
+    loops = recipe.loop_windows
+    kinds = (
+        TeacherForced(
+            "text", "offline text", n, 0, lambda tok: text_windows(tok, n, length, recipe.seed)
+        ),
+        # Loop windows are sampled with the generated sequences (the target's own loops).
+        TeacherForced(
+            "loop", "offline loops", loops, 1, lambda tok: loop_windows(tok, loops, length)
+        ),
+    )
+    return [
+        path for kind in kinds for path in _teacher_forced(recipe, loaded, data_dir, kind, progress)
+    ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TeacherForced:
+    """One kind of teacher-forced shard: file prefix, progress label, windows wanted, the
+    prompt length recorded for them (`prefill.text_shard`) and how to make the windows."""
+
+    prefix: str
+    label: str
+    count: int
+    prompt_len: int
+    windows: Callable[[Tokenizer], list[list[int]]]
 
 
 def _teacher_forced(
-    recipe: Recipe, loaded: LoadedModel, data_dir: Path, kind: str, progress: bool
+    recipe: Recipe,
+    loaded: LoadedModel,
+    data_dir: Path,
+    kind: TeacherForced,
+    progress: bool,
 ) -> list[Path]:
-    wanted = recipe.text_windows if kind == "text" else recipe.loop_windows
-    count = -(-wanted // recipe.shard_windows)
-    paths = [data_dir / f"{kind}-{i:04d}.safetensors" for i in range(count)]
+    if kind.count == 0:
+        return []
+    count = -(-kind.count // recipe.shard_windows)
+    paths = [data_dir / f"{kind.prefix}-{i:04d}.safetensors" for i in range(count)]
     missing = [i for i, p in enumerate(paths) if not p.is_file()]
     if not missing:
         return paths
     if loaded.tokenizer is None:
         raise ValueError(f"{recipe.model}: offline text needs a tokenizer")
-    if kind == "text":
-        windows = text_windows(loaded.tokenizer, wanted, recipe.text_len, recipe.seed)
-    else:
-        windows = loop_windows(loaded.tokenizer, wanted, recipe.text_len)
+    windows = kind.windows(loaded.tokenizer)
     paths = paths[: -(-len(windows) // recipe.shard_windows)]  # the sources may hold fewer
     data_dir.mkdir(parents=True, exist_ok=True)
     done = sum(recipe.shard_windows for i in range(len(paths)) if i not in missing)
     with tqdm(
         total=len(windows) * recipe.text_len,
         initial=min(done, len(windows)) * recipe.text_len,
-        desc=f"{recipe.model}: teacher-forcing offline {'text' if kind == 'text' else 'loops'}",
+        desc=f"{recipe.model}: teacher-forcing {kind.label}",
         unit="tok",
         file=sys.stderr,
         disable=not progress,
@@ -187,11 +210,8 @@ def _teacher_forced(
             if path.is_file():
                 continue
             chunk = windows[i * recipe.shard_windows : (i + 1) * recipe.shard_windows]
-            shard = text_shard(loaded.model, chunk, max(recipe.candidates, 1), bar.update)
-            if kind == "loop":
-                # Sampled with the generated sequences (the target's own loops): the BOS
-                # is their one-token "prompt" (`trainer.stack_corpus`).
-                shard = dataclasses.replace(shard, prompt_lens=torch.ones_like(shard.prompt_lens))
+            candidates = max(recipe.candidates, 1)
+            shard = text_shard(loaded.model, chunk, candidates, bar.update, kind.prompt_len)
             save_shard(shard, path)
     return paths
 

@@ -23,7 +23,7 @@ from relaykv.distill.corpus import engine_for
 from relaykv.distill.labels import label_hidden
 from relaykv.distill.trainer import Batchable
 from relaykv.engine import SamplingParams
-from relaykv.model import CausalLM, EagleDraft, ModelRunner
+from relaykv.model import CausalLM, EagleDraft, ModelRunner, SpeculativeStats
 from relaykv.model.forward_context import DenseContext
 
 
@@ -72,15 +72,14 @@ def measure_acceptance(
     plain, _ = greedy_outputs(target, prompts, max_tokens, eos)
     results = []
     for k in ks:
-        outputs, (drafts, proposed, accepted) = greedy_outputs(
-            target, prompts, max_tokens, eos, draft, k
-        )
+        outputs, counters = greedy_outputs(target, prompts, max_tokens, eos, draft, k)
+        stats = SpeculativeStats(*counters)
         results.append(
             Acceptance(
                 k=k,
-                acceptance_rate=accepted / proposed if proposed else 0.0,
-                mean_accepted_length=1.0 + accepted / drafts if drafts else 1.0,
-                steps=drafts,
+                acceptance_rate=stats.acceptance_rate,
+                mean_accepted_length=stats.mean_accepted_length,
+                steps=stats.num_drafts,
                 equal_prompts=sum(a == b for a, b in zip(outputs, plain, strict=True)),
                 prompts=len(prompts),
             )

@@ -28,8 +28,12 @@ def text_shard(
     windows: Sequence[Sequence[int]],
     candidates: int,
     on_window: Callable[[int], object] | None = None,
+    prompt_len: int = 0,
 ) -> Shard:
-    """A shard over `windows` (all the same length L): hidden and labels at p < L - 1."""
+    """A shard over `windows` (all the same length L): hidden and labels at p < L - 1.
+
+    `prompt_len` is recorded as every window's prompt length: 0 for text windows, 1 (the
+    BOS) for windows sampled with the generated sequences (`trainer.stack_corpus`)."""
     length = len(windows[0])
     if any(len(w) != length for w in windows):
         raise ValueError("text windows must all have the same length")
@@ -47,5 +51,5 @@ def text_shard(
             on_window(b * length)
     lengths = torch.full((n,), length, dtype=torch.long)
     return labelled_shard(
-        target, tokens, lengths, torch.zeros(n, dtype=torch.long), hidden, candidates
+        target, tokens, lengths, torch.full((n,), prompt_len), hidden, candidates
     )

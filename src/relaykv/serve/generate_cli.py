@@ -272,9 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.speculative_tokens:
             report["speculative_tokens"] = args.speculative_tokens
             report["draft_acceptance"] = round(stats.acceptance_rate, 4)
-            # EAGLE's tau: tokens per verification step (accepted drafts + the target's own).
-            tau = 1 + stats.num_accepted_tokens / stats.num_drafts if stats.num_drafts else 1.0
-            report["mean_accepted_length"] = round(tau, 4)
+            report["mean_accepted_length"] = round(stats.mean_accepted_length, 4)
             report["num_drafts"] = stats.num_drafts
             report["num_draft_tokens"] = stats.num_draft_tokens
             report["num_accepted_tokens"] = stats.num_accepted_tokens
