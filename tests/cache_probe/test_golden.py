@@ -2,7 +2,7 @@
 kvcache contract redesign (docs/design.md): the presets and 40 seeded random geometries, table and
 JSON, every policy. Regenerate only for an intended behaviour change:
 
-    PYTHONPATH=src python tests/kvcache/test_probe_golden.py --write
+    PYTHONPATH=src python tests/cache_probe/test_golden.py --write
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ import msgspec
 import pytest
 import zmq
 
-from relaykv.kvcache import KVCacheManager, KVEvent
-from relaykv.serve.kv_events import ZmqEventPublisher
-from relaykv.serve.kv_events_config import (
+from relaykv.engine.kv_events import ZmqEventPublisher
+from relaykv.engine.kv_events_config import (
     KVEventsConfig,
     KVEventsConfigError,
     parse_kv_events_config,
 )
+from relaykv.kvcache import KVCacheManager, KVEvent
 from tests.kvcache.conftest import Driver, geometry, tokens
 
 

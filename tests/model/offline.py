@@ -1,11 +1,12 @@
-"""Offline generation over a `ModelRunner`: a minimal driver for the CLI, tests and benchmarks.
+"""Offline generation over a `ModelRunner`: a minimal second driver the tests compare the
+engine (and `relaykv generate`) against; a test helper, not part of relaykv.
 
 Not the engine's scheduler (no prefix cache, no preemption, no window freeing): every
 request gets private blocks from a free list for its whole length, prompts are prefilled
 in chunks of at most `chunk_tokens` under a per-step token budget, and all running
 requests decode together. With a draft model it keeps the speculative bookkeeping the
-runner's contract asks of an engine (`relaykv.steps`): k lookahead slots, the next
-prompt token for non-final chunks, rollback to `start + n + accepted`.
+runner's contract asks of an engine (`relaykv.common.messages.steps`): k lookahead slots, the
+next prompt token for non-final chunks, rollback to `start + n + accepted`.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relaykv.model.runner import ModelRunner
-from relaykv.steps import (
+from relaykv.common.messages.steps import (
     GREEDY,
     SamplingParams,
     SequenceWork,
     StepBatch,
     TokenLogprobs,
 )
+from relaykv.model.runner import ModelRunner
 
 
 @dataclass(slots=True)

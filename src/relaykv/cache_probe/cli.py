@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Any
 
+from relaykv.cache_probe.probe import FOLLOW_UPS, run_probe
 from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
 from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
-from relaykv.kvcache.probe import FOLLOW_UPS, run_probe
 from relaykv.kvcache.retention import RETENTION_HELP, parse_retention
 
 

@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from relaykv.engine.kv_events_config import KVEventsConfig, binds, loopback_default
 from relaykv.kvcache import Geometry, KVEvent
-from relaykv.serve.kv_events_config import KVEventsConfig, binds, loopback_default
 
 log = logging.getLogger("relaykv.serve")
 
@@ -136,7 +136,7 @@ class ZmqEventPublisher:
         self._pub.setsockopt(zmq.SNDHWM, config.hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         self.endpoint = self._open(self._pub, config.endpoint)
-        self._replay: zmq.Socket | None = None
+        self._replay: zmq.Socket[bytes] | None = None
         self.replay_endpoint: str | None = None
         if config.replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
@@ -147,7 +147,7 @@ class ZmqEventPublisher:
         self._thread.start()
 
     @staticmethod
-    def _open(sock: zmq.Socket, endpoint: str, bind: bool | None = None) -> str:
+    def _open(sock: zmq.Socket[bytes], endpoint: str, bind: bool | None = None) -> str:
         if bind is None:
             bind = binds(endpoint)  # decided on the endpoint as given (vLLM's rule)
         endpoint = loopback_default(endpoint)

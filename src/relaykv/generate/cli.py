@@ -203,8 +203,8 @@ def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
     from tqdm import tqdm
 
+    from relaykv.common.messages.steps import SamplingParams
     from relaykv.model.loading import PackageNotInstalled, load_model
-    from relaykv.steps import SamplingParams
 
     try:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 
 
 @dataclass(frozen=True, slots=True)

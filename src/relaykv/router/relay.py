@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from relaykv.api_errors import APIError, error_body, install_error_handlers
+from relaykv.common.messages.api_errors import APIError, error_body, install_error_handlers
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.body import ClientBody
 from relaykv.router.destinations import destination_id, refused_grant

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaykv.serve.chat_template import (
+from relaykv.model.text.chat_template import (
     ChatFormatter,
     ChatTemplateError,
     fallback_prompt,
@@ -119,7 +119,7 @@ GEMMA_PROMPT = (
 
 
 def test_gemma3_dir_without_template_gets_gemmas_template_and_stop_tokens(tmp_path) -> None:
-    from relaykv.serve.model_loading import generation_config_eos
+    from relaykv.model.text.served_text import generation_config_eos
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
@@ -137,7 +137,7 @@ def test_gemma3_gguf_without_template_gets_gemmas_template(tmp_path) -> None:
     from tokenizers.models import WordLevel
 
     from relaykv.model.loading.tokenizer import HFTokenizer
-    from relaykv.serve.model_loading import turn_stop_ids
+    from relaykv.model.text.served_text import turn_stop_ids
 
     path = tmp_path / "g.gguf"
     writer = gguf.GGUFWriter(str(path), "gemma3")

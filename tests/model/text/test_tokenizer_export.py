@@ -13,8 +13,8 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from relaykv.cli import main
 from relaykv.model.loading.tokenizer import ByteTokenizer, HFTokenizer
-from relaykv.serve.chat_template import ChatFormatter, TemplateSource, fallback_prompt
-from relaykv.serve.tokenizer_export import TokenizerExport, export_tokenizer
+from relaykv.model.text.chat_template import ChatFormatter, TemplateSource, fallback_prompt
+from relaykv.model.text.tokenizer_export import TokenizerExport, export_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,10 +7,10 @@ import json
 import httpx
 import openai
 
-from relaykv.serve.chat_template import fallback_prompt
+from relaykv.model.text.chat_template import fallback_prompt
 from tests.engine.reference_executor import reference_generate
 
-from .harness import HYBRID, CharTokenizer, fake_logprob
+from ..harness import HYBRID, CharTokenizer, fake_logprob
 
 MODEL = "reference"
 MESSAGES = [

@@ -10,7 +10,7 @@ import pytest
 
 from tests.engine.reference_executor import reference_generate
 
-from .harness import HYBRID, CharTokenizer, ServerThread, fake_logprob
+from ..harness import HYBRID, CharTokenizer, ServerThread, fake_logprob
 
 MODEL = "reference"
 

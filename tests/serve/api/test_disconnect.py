@@ -9,7 +9,7 @@ import httpx
 
 from relaykv.kvcache import assert_consistent
 
-from .harness import API_KEY, ServerThread
+from ..harness import API_KEY, ServerThread
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -8,7 +8,7 @@ import httpx
 
 from relaykv.kvcache import assert_consistent
 
-from .harness import API_KEY, ServerThread, reference_served
+from ..harness import API_KEY, ServerThread, reference_served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

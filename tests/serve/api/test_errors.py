@@ -14,7 +14,7 @@ import pytest
 
 from tests.engine.reference_executor import reference_generate
 
-from .harness import API_KEY, HYBRID, ServerThread, reference_served
+from ..harness import API_KEY, HYBRID, ServerThread, reference_served
 
 MODEL = "reference"
 GOOD = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3}

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .body_strategies import fuzz
-from .harness import ServerThread, reference_served
+from ..body_strategies import fuzz
+from ..harness import ServerThread, reference_served
 
 EXAMPLES = 1000
 

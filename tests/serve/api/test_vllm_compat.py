@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .harness import API_KEY, CharTokenizer, ServerThread
+from ..harness import API_KEY, CharTokenizer, ServerThread
 
 MODEL = "reference"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
@@ -159,7 +159,7 @@ def test_sglang_bootstrap_requests_are_refused_before_anything_runs(
 
 
 def test_health_generate_is_503_while_draining() -> None:
-    from .harness import reference_served
+    from ..harness import reference_served
 
     srv = ServerThread(reference_served(), api_key=None)
     try:

@@ -6,10 +6,10 @@ import pytest
 
 from relaykv.kvcache import CacheSizing
 from relaykv.serve import EngineOptions, ModelInfo, OptionError, assemble_engine
-from relaykv.serve.sizes import format_bytes, parse_bytes
+from relaykv.serve.assembly.sizes import format_bytes, parse_bytes
 from tests.engine.reference_executor import VOCAB, with_slot_bytes
 
-from .harness import HYBRID, PacedExecutor, reference_served
+from ..harness import HYBRID, PacedExecutor, reference_served
 
 GEOMETRY = with_slot_bytes(HYBRID)  # block_bytes = 4 tokens * 8 bytes = 32
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from relaykv.api_errors import APIError
-from relaykv.serve.bootstrap_rooms import BootstrapRooms, prefill_answer
-from relaykv.serve.sglang_bootstrap import bootstrap_fields, config_from_args, parse_peers
+from relaykv.common.messages.api_errors import APIError
+from relaykv.serve.sglang.bootstrap import bootstrap_fields, config_from_args, parse_peers
+from relaykv.serve.sglang.bootstrap_rooms import BootstrapRooms, prefill_answer
 
 PARAMS = {"remote_engine_id": "p0", "remote_block_ids": [[1, 2]]}
 

@@ -1,4 +1,4 @@
-"""The allow-list (grants.py): validation, refusals, leases, and release waiting."""
+"""The allow-list (`serving/allow_list.py`): validation, refusals, leases, and release waiting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relaykv.transfer.transport import LeaseExpired, PageCopy, PageLayout, TransferRefused
-from relaykv.transfer.transport.grants import GrantTable
+from relaykv.transfer.transport.serving.allow_list import GrantTable
 from tests.waiting import ManualClock, wait_until
 
 LAYOUT = PageLayout(16, 1024, (1024, 512))

@@ -25,10 +25,10 @@ from relaykv.transfer.transport import (
     get_transport,
     wire,
 )
-from relaykv.transfer.transport.auth import MessageAuth, default_secret
+from relaykv.transfer.transport.planes.shm import ShmRegistration
 from relaykv.transfer.transport.registry import transport_class
-from relaykv.transfer.transport.shm import ShmRegistration
-from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
+from relaykv.transfer.transport.serving.standalone import StandalonePeer, seeded_buffer
+from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
 
 from .conftest import LAYOUT, OPTIONS, SEED, transport_params
 

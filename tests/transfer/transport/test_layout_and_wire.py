@@ -9,8 +9,8 @@ import torch
 
 from relaykv.kvcache.geometry import Geometry, GroupSpec
 from relaykv.transfer.transport import KVSourceDescriptor, PageCopy, PageLayout, page_copies, wire
-from relaykv.transfer.transport.auth import MessageAuth
 from relaykv.transfer.transport.layout import as_page_array, check_destination_pages
+from relaykv.transfer.transport.wire.auth import MessageAuth
 
 LAYOUT = PageLayout(8, 256, (256, 100))
 

@@ -21,8 +21,8 @@ from relaykv.transfer.transport import (
     options_from_args,
 )
 from relaykv.transfer.transport.layout import PageCopy
-from relaykv.transfer.transport.standalone import seeded_buffer
-from relaykv.transfer.transport.tcp import LinkPacer
+from relaykv.transfer.transport.planes.tcp import LinkPacer
+from relaykv.transfer.transport.serving.standalone import seeded_buffer
 
 LAYOUT = PageLayout(num_blocks=40, block_bytes=65536, page_bytes=(65536,))
 

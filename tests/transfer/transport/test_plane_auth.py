@@ -22,10 +22,10 @@ from relaykv.transfer.transport import (
     get_transport,
     wire,
 )
-from relaykv.transfer.transport.auth import MessageAuth, default_secret
-from relaykv.transfer.transport.registrations import ReplayGuard
-from relaykv.transfer.transport.shm import SharedKVBuffer, ShmRegistration
-from relaykv.transfer.transport.shm_files import SHM_DIR, clean_stale_files
+from relaykv.transfer.transport.planes.shm import SharedKVBuffer, ShmRegistration
+from relaykv.transfer.transport.planes.shm_files import SHM_DIR, clean_stale_files
+from relaykv.transfer.transport.serving.registrations import ReplayGuard
+from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
 
 from .conftest import LAYOUT, OPTIONS
 from .test_failures_and_security import make_pair, raw_reader, read_msg

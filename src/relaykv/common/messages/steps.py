@@ -1,8 +1,8 @@
 """Records exchanged between a scheduler and an executor (one step in, one step out).
 
-A leaf module at the package root, pure Python, importing nothing of relaykv: the engine
+On the shared floor (`relaykv.common`), pure Python, importing nothing of relaykv: the engine
 (`relaykv.engine.executor`), the model runner and the simulator all speak these records, so
-the engine reaches the model only through the `Executor` protocol (docs/architecture.md layering).
+the engine reaches the model only through the `Executor` protocol (docs/architecture.md).
 
 KV positions the runner writes for one `SequenceWork` with `n = len(token_ids)`,
 `d = len(draft_token_ids)`, `s = start_position`, `k` = the runner's speculative tokens

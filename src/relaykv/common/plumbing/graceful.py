@@ -4,8 +4,8 @@ uvicorn's own handling closes the listening socket at once and, after its gracef
 shutdown, re-raises the signal, so the process dies with status -15. A `GracefulServer`
 instead runs `drain(signal name)` on its event loop (the subclass says what draining means:
 the engine server finishes its requests, the router its relays), then shuts uvicorn down and
-returns normally, so the process exits 0. A second SIGINT forces the exit. A root leaf
-module: the serve and router layers both use it, with `header_timeout_protocol`.
+returns normally, so the process exits 0. A second SIGINT forces the exit. On the shared
+floor: the serve and router layers both use it, with `header_timeout_protocol`.
 """
 
 from __future__ import annotations

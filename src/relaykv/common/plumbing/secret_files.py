@@ -4,7 +4,7 @@ A command line is world-readable (`/proc/PID/cmdline`); a file of mode 0600 or a
 environment variable (`/proc/PID/environ` is readable by the same user only) is not. The
 cluster's KV secret and the API key are read through here: `--kv-secret-file`,
 `--api-key-file`, `$RELAYKV_KV_SECRET_FILE`, `$RELAYKV_API_KEY`, `$RELAYKV_API_KEY_FILE`.
-A root leaf module: every layer may import it.
+On the shared floor: every layer may import it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Where templates live (as Hugging Face and llama.cpp store them):
 * a GGUF file: metadata `tokenizer.chat_template`, BOS/EOS strings from
   `tokenizer.ggml.tokens` at `tokenizer.ggml.bos_token_id` / `eos_token_id`;
 * neither, for a family relaykv knows (Gemma-3: the packaged GGUF has none): the family's
-  documented template (`relaykv.serve.builtin_chat_templates`), with its end-of-turn token.
+  documented template (`relaykv.model.text.builtin_chat_templates`), with its end-of-turn token.
 
 Templates are rendered with jinja2's immutable sandbox (trim_blocks, lstrip_blocks,
 `raise_exception`, `strftime_now`, as transformers does). A template that emits the BOS
@@ -62,7 +62,7 @@ def _token_text(value: Any) -> str | None:
 def _builtin(
     architecture: Any, bos: str | None, eos: str | None, where: str
 ) -> TemplateSource | None:
-    from relaykv.serve.builtin_chat_templates import BUILTIN
+    from relaykv.model.text.builtin_chat_templates import BUILTIN
 
     found = BUILTIN.get(str(architecture))
     if found is None:

@@ -1,7 +1,7 @@
 """`relaykv tokenizer export --model NAME --out DIR`: a Hugging Face tokenizer directory.
 
 Writes what `transformers.AutoTokenizer.from_pretrained(DIR)` loads offline
-(`relaykv.serve.tokenizer_export`): for `vllm bench serve --tokenizer DIR`, SGLang's
+(`relaykv.model.text.tokenizer_export`): for `vllm bench serve --tokenizer DIR`, SGLang's
 `bench_serving.py --tokenizer DIR`, or any tool that needs the served model's tokenizer.
 `relaykv serve` writes the same directory into its cache at startup and prints its path.
 """
@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from relaykv.model import PackageNotInstalled, load_model
-    from relaykv.serve.model_loading import chat_formatter, tokenizer_export
-    from relaykv.serve.tokenizer_export import ExportError, export_tokenizer
+    from relaykv.model.text.served_text import chat_formatter, tokenizer_export
+    from relaykv.model.text.tokenizer_export import ExportError, export_tokenizer
 
     try:
         loaded = load_model(args.model)

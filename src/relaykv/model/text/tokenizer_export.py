@@ -28,7 +28,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, processors
 from tokenizers.models import BPE
 
-from relaykv.serve.chat_template import FALLBACK_TEMPLATE, ChatFormatter
+from relaykv.model.text.chat_template import FALLBACK_TEMPLATE, ChatFormatter
 
 STAMP = "relaykv_export.json"  # what was exported from, to reuse an up-to-date directory
 # Bumped when what an export writes changes, so cached exports are rewritten

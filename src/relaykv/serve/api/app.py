@@ -28,14 +28,14 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from relaykv.api_errors import APIError, install_error_handlers
+from relaykv.common.messages.api_errors import APIError, install_error_handlers
 from relaykv.engine import AsyncEngine
-from relaykv.serve import chat, completions, router_probes, vllm_compat
-from relaykv.serve.engine_factory import ServedEngine
-from relaykv.serve.inputs import check_model
-from relaykv.serve.metrics import engine_registry
-from relaykv.serve.sglang_bootstrap import refuse_sglang_bootstrap, sglang_bootstrap
-from relaykv.serve.state import ServerState, server_state
+from relaykv.serve.api import chat, completions, router_probes, vllm_compat
+from relaykv.serve.api.inputs import check_model
+from relaykv.serve.api.metrics import engine_registry
+from relaykv.serve.api.state import ServerState, server_state
+from relaykv.serve.assembly.engine_factory import ServedEngine
+from relaykv.serve.sglang.bootstrap import refuse_sglang_bootstrap, sglang_bootstrap
 
 log = logging.getLogger("relaykv.serve")
 

@@ -1,33 +1,37 @@
 """`POST /v1/chat/completions`.
 
-Messages become a prompt through the model's chat template (`relaykv.serve.chat_template`:
+Messages become a prompt through the model's chat template (`relaykv.model.text.chat_template`:
 the tokenizer's own template rendered with jinja2, or the documented plain fallback). The
 output length is `max_completion_tokens`, else `max_tokens`, else up to the context limit.
-Running and streaming are the shared generation handler's (`relaykv.serve.generation`): a
+Running and streaming are the shared generation handler's (`relaykv.serve.api.generation`): a
 chat stream opens with vLLM's role-only chunk, then one `delta.content` chunk per engine step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 
-from relaykv.api_errors import APIError, bad_request
+from relaykv.common.messages.api_errors import APIError, bad_request
 from relaykv.engine import RequestOutput
-from relaykv.serve.chat_template import ChatTemplateError, TextTokenizer
-from relaykv.serve.engine_stream import Collected
-from relaykv.serve.generation import GenerationJob, run_generation
-from relaykv.serve.inputs import check_model, parse_body, sampling_params
-from relaykv.serve.logprobs import chat_logprobs
-from relaykv.serve.protocol import ChatCompletionRequest
-from relaykv.serve.state import ServerState, server_state
+from relaykv.serve.api.engine_stream import Collected
+from relaykv.serve.api.generation import GenerationJob, run_generation
+from relaykv.serve.api.inputs import check_model, parse_body, sampling_params
+from relaykv.serve.api.logprobs import chat_logprobs
+from relaykv.serve.api.protocol import ChatCompletionRequest
+from relaykv.serve.api.state import ServerState, server_state
+
+if TYPE_CHECKING:  # relaykv.model loads torch
+    from relaykv.model.text.chat_template import TextTokenizer
 
 router = APIRouter()
 
 
 def chat_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     """The messages rendered through the model's chat template, as token ids."""
+    from relaykv.model.text.chat_template import ChatTemplateError
+
     if not body.messages:
         raise bad_request("messages must not be empty", "messages")
     messages = [m.model_dump(exclude_none=True) for m in body.messages]

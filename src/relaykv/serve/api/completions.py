@@ -2,26 +2,28 @@
 
 One prompt per request (a string, token ids, or a one-element list of either), `n` = 1, no
 echo. Running, streaming, usage and `kv_transfer_params` are the shared generation handler's
-(`relaykv.serve.generation`); this module parses the body and spells a completions choice.
+(`relaykv.serve.api.generation`); this module parses the body and spells a completions choice.
 `usage.prompt_tokens_details.cached_tokens` is the prompt tokens this engine reused from its
 prefix cache.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 from relaykv.engine import RequestOutput
-from relaykv.serve.chat_template import TextTokenizer
-from relaykv.serve.engine_stream import Collected
-from relaykv.serve.generation import GenerationJob, run_generation
-from relaykv.serve.inputs import check_model, completion_prompt, parse_body, sampling_params
-from relaykv.serve.logprobs import CompletionLogprobs, engine_logprobs
-from relaykv.serve.protocol import CompletionRequest
-from relaykv.serve.state import server_state
+from relaykv.serve.api.engine_stream import Collected
+from relaykv.serve.api.generation import GenerationJob, run_generation
+from relaykv.serve.api.inputs import check_model, completion_prompt, parse_body, sampling_params
+from relaykv.serve.api.logprobs import CompletionLogprobs, engine_logprobs
+from relaykv.serve.api.protocol import CompletionRequest
+from relaykv.serve.api.state import server_state
+
+if TYPE_CHECKING:  # relaykv.model loads torch
+    from relaykv.model.text.chat_template import TextTokenizer
 
 router = APIRouter()
 

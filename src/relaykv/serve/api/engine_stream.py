@@ -1,6 +1,6 @@
 """One engine request under an HTTP handler: start, stream, collect, disconnects, SSE bytes.
 
-The handler itself (one for chat and completions) is `relaykv.serve.generation`.
+The handler itself (one for chat and completions) is `relaykv.serve.api.generation`.
 
 `start_generation` validates with the engine before anything is sent (so every refusal is a
 400 with a proper body, not an error inside a stream) and returns the output stream.
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from relaykv.api_errors import APIError, error_body
+from relaykv.common.messages.api_errors import APIError, error_body
+from relaykv.common.messages.steps import TokenLogprobs
 from relaykv.engine import EngineDeadError, InvalidRequest, RequestOutput, SamplingParams
-from relaykv.serve.state import ServerState
-from relaykv.steps import TokenLogprobs
+from relaykv.serve.api.state import ServerState
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"

@@ -27,7 +27,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from relaykv.engine import RequestOutput, SamplingParams
-from relaykv.serve.engine_stream import (
+from relaykv.serve.api.engine_stream import (
     DONE,
     ClientGone,
     Collected,
@@ -40,8 +40,8 @@ from relaykv.serve.engine_stream import (
     unless_disconnected,
     usage,
 )
-from relaykv.serve.protocol import SamplingFields
-from relaykv.serve.state import ServerState
+from relaykv.serve.api.protocol import SamplingFields
+from relaykv.serve.api.state import ServerState
 
 
 class ResponseShape(Protocol):

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from relaykv.api_errors import APIError, bad_request, validation_error
+from relaykv.common.messages.api_errors import APIError, bad_request, validation_error
 from relaykv.engine import InvalidRequest, SamplingParams
-from relaykv.serve.chat_template import TextTokenizer
-from relaykv.serve.protocol import SamplingFields
+from relaykv.serve.api.protocol import SamplingFields
+
+if TYPE_CHECKING:  # relaykv.model loads torch
+    from relaykv.model.text.chat_template import TextTokenizer
 
 Body = TypeVar("Body", bound=BaseModel)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
+from relaykv.engine.kv_events import ZmqEventPublisher
 from relaykv.kvcache import Geometry
-from relaykv.serve.engine_factory import ServedEngine
-from relaykv.serve.kv_events import ZmqEventPublisher
+from relaykv.serve.assembly.engine_factory import ServedEngine
 
 INSTANCE = uuid.uuid4().hex
 

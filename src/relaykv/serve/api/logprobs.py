@@ -8,10 +8,12 @@ listed in a completions `top_logprobs` entry, as vLLM does, so `logprobs: 0` sti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relaykv.serve.chat_template import TextTokenizer
-from relaykv.steps import TokenLogprobs
+from relaykv.common.messages.steps import TokenLogprobs
+
+if TYPE_CHECKING:  # relaykv.model loads torch
+    from relaykv.model.text.chat_template import TextTokenizer
 
 
 def engine_logprobs(requested: int | None) -> int:

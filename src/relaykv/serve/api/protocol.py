@@ -68,7 +68,7 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in `relaykv.serve.inputs`
+    prompt: Any = None  # str | list[int] | [str] | [list[int]]: checked in `serve/api/inputs.py`
     max_tokens: int | None = 16  # OpenAI's default; null: up to the context limit
     logprobs: int | None = None
     echo: bool = False

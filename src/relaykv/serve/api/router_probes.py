@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 from relaykv.engine import SamplingParams
-from relaykv.serve.engine_stream import collect, new_request_id, start_generation
-from relaykv.serve.state import ServerState, server_state
+from relaykv.serve.api.engine_stream import collect, new_request_id, start_generation
+from relaykv.serve.api.state import ServerState, server_state
 
 router = APIRouter()
 

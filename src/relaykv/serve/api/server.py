@@ -16,9 +16,9 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
-from relaykv.graceful import GracefulServer, header_timeout_protocol
-from relaykv.serve.app import app_state
-from relaykv.serve.state import ServerState
+from relaykv.common.plumbing.graceful import GracefulServer, header_timeout_protocol
+from relaykv.serve.api.app import app_state
+from relaykv.serve.api.state import ServerState
 
 log = logging.getLogger("relaykv.serve")
 HEADER_TIMEOUT_S = 10.0

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 from relaykv.engine import AsyncEngine
-from relaykv.serve.engine_factory import ServedEngine
+from relaykv.serve.assembly.engine_factory import ServedEngine
 
 
 @dataclass(slots=True)

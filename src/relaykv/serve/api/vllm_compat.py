@@ -14,7 +14,7 @@ makes them route blind. The shapes are vLLM's:
 * `POST /v1/chat/completions/render` (a chat body) -> one `GenerateRequest`.
 
 The ids are exactly those `/v1/completions` and `/v1/chat/completions` would give the engine
-(the same tokenizer, `relaykv.serve.chat.chat_prompt` and checks), so a router's prefix tree
+(the same tokenizer, `relaykv.serve.api.chat.chat_prompt` and checks), so a router's prefix tree
 and relaykv's KV events describe the same tokens. Render validates like generation (400 for what
 generation would refuse) and generates nothing. `add_special_tokens` is accepted at vLLM's
 defaults (true for a prompt, false for messages), which is what generation does; the other
@@ -29,25 +29,25 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from relaykv.api_errors import APIError, bad_request
+from relaykv.common.messages.api_errors import APIError, bad_request
 from relaykv.engine import InvalidRequest
-from relaykv.serve.chat import chat_inputs, chat_prompt
-from relaykv.serve.completions import completion_logprobs
-from relaykv.serve.engine_stream import new_request_id
-from relaykv.serve.inputs import (
+from relaykv.serve.api.chat import chat_inputs, chat_prompt
+from relaykv.serve.api.completions import completion_logprobs
+from relaykv.serve.api.engine_stream import new_request_id
+from relaykv.serve.api.inputs import (
     check_model,
     completion_prompt,
     json_object,
     parse_body,
     sampling_params,
 )
-from relaykv.serve.protocol import ChatCompletionRequest, CompletionRequest
-from relaykv.serve.state import ServerState, server_state
+from relaykv.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from relaykv.serve.api.state import ServerState, server_state
 
 router = APIRouter()
 
 # Paths outside /v1 that compute on the engine's tokenizer or model: the API-key gate covers
-# them like /v1/... (`relaykv.serve.app.AccessGate`).
+# them like /v1/... (`relaykv.serve.api.app.AccessGate`).
 GATED_PATHS = frozenset({"/tokenize", "/detokenize"})
 
 

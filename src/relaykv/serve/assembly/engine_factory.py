@@ -1,6 +1,6 @@
 """Engine factory: `EngineOptions` -> a ready `LLMEngine` plus what the server needs of it.
 
-`build_engine(options)` loads the model (`relaykv.serve.model_loading`) and calls
+`build_engine(options)` loads the model (`relaykv.serve.assembly.model_loading`) and calls
 `assemble_engine`, which is model-agnostic: given the model's description, its KV geometry
 and a function that builds the executor for a pool of N blocks, it sizes the pool
 (`--num-blocks`, or `--kv-cache-memory // geometry.block_bytes`, docs/design.md §8), checks
@@ -22,14 +22,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relaykv.engine import EngineConfig, Executor, KVConnector, LLMEngine, SchedulerConfig
 from relaykv.kvcache import CacheSizing, Geometry, parse_retention
-from relaykv.serve.chat_template import ChatFormatter, TextTokenizer
-from relaykv.serve.model_info import ModelInfo
-from relaykv.serve.options import DEFAULT_MAX_MODEL_LEN, EngineOptions, OptionError
-from relaykv.serve.sizes import format_bytes
+from relaykv.serve.assembly.model_info import ModelInfo
+from relaykv.serve.assembly.options import DEFAULT_MAX_MODEL_LEN, EngineOptions, OptionError
+from relaykv.serve.assembly.sizes import format_bytes
+
+if TYPE_CHECKING:  # relaykv.model loads torch: not before the flags are parsed
+    from relaykv.model.text.chat_template import ChatFormatter, TextTokenizer
 
 log = logging.getLogger("relaykv.serve")
 
@@ -158,6 +160,8 @@ def assemble_engine(
     if options.role.in_pd_pair:
         assert connector_factory is not None
         engine.attach_connector(connector_factory(engine))
+    from relaykv.model.text.chat_template import ChatFormatter
+
     chat = model.chat or ChatFormatter(model.tokenizer, None, model.bos_token_id)
     served = ServedEngine(
         engine, model, config.model_name, max_model_len, options, chat, summary=[]
@@ -218,7 +222,7 @@ def build_engine(
 ) -> ServedEngine:
     """Load the model named by `options.model` and build its engine (raises OptionError).
     `kv_buffer` provides the KV page memory (see `load_for_serving`)."""
-    from relaykv.serve.model_loading import load_for_serving  # torch: only when serving
+    from relaykv.serve.assembly.model_loading import load_for_serving  # torch: only when serving
 
     options.check()
     model, geometry, make_executor = load_for_serving(options, progress, kv_buffer)

@@ -4,8 +4,10 @@ both the engine factory and the model loader, so neither imports the other's mod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from relaykv.serve.chat_template import ChatFormatter, TextTokenizer
+if TYPE_CHECKING:  # relaykv.model loads torch: not before the flags are parsed
+    from relaykv.model.text.chat_template import ChatFormatter, TextTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ P/D (docs/pd.md): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lea
 `--kv-transport`, `--kv-transfer-host/-port/-timeout`); they land in `EngineOptions` (the
 transport flags stay on the namespace for `options_from_args`). A role other than
 `colocated` needs a connector: `build_engine(options, connector_factory=...)` builds it over
-the engine (see `relaykv.serve.engine_factory`); without one the factory refuses the role.
+the engine (see `relaykv.serve.assembly.engine_factory`); without one the factory refuses the role.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from relaykv.engine import KV_LOAD_FAILURE_POLICIES
 from relaykv.kvcache import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
 from relaykv.kvcache.retention import AUTO_RETENTION, ENGINE_RETENTION_HELP
-from relaykv.serve.sizes import format_bytes, parse_bytes
+from relaykv.serve.assembly.sizes import format_bytes, parse_bytes
 
 DEFAULT_MODEL = "tiny-hybrid"
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB of host memory for KV pages

@@ -15,11 +15,11 @@ from typing import Any
 
 from relaykv.engine import KVConnector, LLMEngine
 from relaykv.kvcache import Geometry
-from relaykv.serve.engine_factory import ConnectorFactory
-from relaykv.serve.options import EngineOptions, OptionError
+from relaykv.serve.assembly.engine_factory import ConnectorFactory
+from relaykv.serve.assembly.options import EngineOptions, OptionError
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import TransportUnavailable, get_transport, options_from_args
-from relaykv.transfer.transport.auth import SECRET_ENV, load_secret_file, write_secret_file
+from relaykv.transfer.transport.wire.auth import SECRET_ENV, load_secret_file, write_secret_file
 
 _SHARED_SEGMENTS: list[Any] = []
 
@@ -73,7 +73,7 @@ def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] 
     import torch
 
     from relaykv.transfer.transport import PageLayout
-    from relaykv.transfer.transport.shm import SharedKVBuffer
+    from relaykv.transfer.transport.planes.shm import SharedKVBuffer
 
     def allocate(geometry: Geometry, num_blocks: int) -> Any:
         shared = SharedKVBuffer(PageLayout.from_geometry(geometry, num_blocks))
@@ -94,6 +94,6 @@ new_kv_secret = write_secret_file
 
 def clean_stale_shared_memory() -> list[str]:
     """Remove this user's relaykv shared-memory files whose creating process is dead."""
-    from relaykv.transfer.transport.shm_files import clean_stale_files
+    from relaykv.transfer.transport.planes.shm_files import clean_stale_files
 
     return clean_stale_files()

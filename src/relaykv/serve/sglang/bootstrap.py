@@ -11,7 +11,7 @@ KV would move: twice the work, silently. So:
 * Started with `--sglang-bootstrap`, the pair shakes hands instead (docs/pd.md): the prefill
   engine runs the request as a P/D prefill (one token, `kv_transfer_params:
   {"do_remote_decode": true}`, answered as JSON) and publishes its transfer parameters
-  under the room (`relaykv.serve.bootstrap_rooms`); the decode engine fetches them from
+  under the room (`relaykv.serve.sglang.bootstrap_rooms`); the decode engine fetches them from
   `http://bootstrap_host:bootstrap_port/v1/relaykv/bootstrap/{room}`, waiting for the
   prefill, and decodes with them as if a relaykv or vLLM router had passed them. The
   gateway's bootstrap port must therefore be the prefill engine's HTTP port. A decode engine
@@ -19,7 +19,7 @@ KV would move: twice the work, silently. So:
   (the address comes from the request, so it is checked before any connection), with its
   own API key; the parameters it gets are validated like any `kv_transfer_params`.
 
-`sglang_bootstrap` is a FastAPI dependency of the generation routes (see `relaykv.serve.app`):
+`sglang_bootstrap` is a FastAPI dependency of the generation routes (see `relaykv.serve.api.app`):
 it reads the body, parses it only when the field names occur in it, and hands the handler the
 rewritten body (Starlette caches the body on the request, which the handler reads again).
 """
@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 
-from relaykv.api_errors import APIError, bad_request
-from relaykv.serve import bootstrap_rooms
-from relaykv.serve.bootstrap_rooms import ROOM_KEY, BootstrapRooms, RoomPublisher
+from relaykv.common.messages.api_errors import APIError, bad_request
+from relaykv.serve.sglang import bootstrap_rooms
+from relaykv.serve.sglang.bootstrap_rooms import ROOM_KEY, BootstrapRooms, RoomPublisher
 
 BOOTSTRAP_FIELDS = ("bootstrap_room", "bootstrap_host", "bootstrap_port")
 

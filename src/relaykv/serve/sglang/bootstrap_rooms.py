@@ -1,6 +1,6 @@
 """The prefill side of SGLang's bootstrap handshake: transfer parameters published per room.
 
-A prefill engine serving a bootstrap request (`relaykv.serve.sglang_bootstrap`) runs it as a
+A prefill engine serving a bootstrap request (`relaykv.serve.sglang.bootstrap`) runs it as a
 P/D prefill (one token, `do_remote_decode`), and `RoomPublisher`, an ASGI middleware, reads
 the `kv_transfer_params` of its JSON answer as it goes out and publishes them under the
 request's `bootstrap_room` in `BootstrapRooms`. The decode engine that got the same request
@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 
 ROOM_KEY = "relaykv.bootstrap_room"  # set in the ASGI scope by the bootstrap dependency
 ROOM_PATH = "/v1/relaykv/bootstrap/{room}"

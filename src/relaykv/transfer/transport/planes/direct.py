@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from relaykv.transfer.transport.layout import PageCopy
-from relaykv.transfer.transport.planes import PendingChunk, SenderPlane, check_rows
+from relaykv.transfer.transport.planes.base import PendingChunk, SenderPlane, check_rows
 
 Write = tuple[int, int, int]  # (source address, destination address, bytes)
 

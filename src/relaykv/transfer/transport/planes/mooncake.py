@@ -26,10 +26,10 @@ import msgspec
 import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
-from relaykv.transfer.transport.direct import DirectRegistration, DirectWriteSender, Write
 from relaykv.transfer.transport.errors import TransferError
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.planes.base import PendingChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.planes.direct import DirectRegistration, DirectWriteSender, Write
 
 INSTALL_HINT = (
     "apt-get install -y libibverbs1 && pip install mooncake-transfer-engine-non-cuda==0.3.13.post1"

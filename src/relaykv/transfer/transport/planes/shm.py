@@ -35,16 +35,21 @@ import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.errors import TransferError
-from relaykv.transfer.transport.integrity import page_digest
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, ReceiverPlane, SenderPlane
-from relaykv.transfer.transport.shm_files import (
+from relaykv.transfer.transport.planes.base import (
+    PendingChunk,
+    ReadyChunk,
+    ReceiverPlane,
+    SenderPlane,
+)
+from relaykv.transfer.transport.planes.shm_files import (
     NAME_PATTERN,
     SHM_DIR,
     SharedFile,
     SharedKVBuffer,
     owner_alive,
 )
+from relaykv.transfer.transport.wire.integrity import page_digest
 
 __all__ = ["SharedKVBuffer", "ShmRegistration", "ShmSlots", "ShmTransport"]
 

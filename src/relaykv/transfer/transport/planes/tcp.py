@@ -21,9 +21,14 @@ import numpy as np
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.errors import ShortTransferError
-from relaykv.transfer.transport.integrity import page_digest
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk, ReadyChunk, ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.planes.base import (
+    PendingChunk,
+    ReadyChunk,
+    ReceiverPlane,
+    SenderPlane,
+)
+from relaykv.transfer.transport.wire.integrity import page_digest
 
 
 class LinkPacer:

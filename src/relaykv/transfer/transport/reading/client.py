@@ -29,14 +29,14 @@ import msgspec
 import numpy as np
 import zmq
 
-from relaykv.transfer.transport import wire
-from relaykv.transfer.transport.auth import MessageAuth, default_secret
-from relaykv.transfer.transport.client_io import ReaderIO
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
-from relaykv.transfer.transport.handle import TransferHandle, TransferResult
 from relaykv.transfer.transport.layout import PageCopy, PageLayout, check_destination_pages
-from relaykv.transfer.transport.planes import ReceiverPlane
-from relaykv.transfer.transport.read_jobs import Peer, ReadJob
+from relaykv.transfer.transport.planes.base import ReceiverPlane
+from relaykv.transfer.transport.reading.client_io import ReaderIO
+from relaykv.transfer.transport.reading.handle import TransferHandle, TransferResult
+from relaykv.transfer.transport.reading.read_jobs import Peer, ReadJob
+from relaykv.transfer.transport.wire import control
+from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class TransferClient(ReaderIO):
         self._stats = {"bytes_received": 0, "pages_received": 0, "ok": 0, "failed": 0}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._codec = wire.Codec(MessageAuth(default_secret() if secret is None else secret))
+        self._codec = control.Codec(MessageAuth(default_secret() if secret is None else secret))
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"kv-read-{engine_id}", daemon=True)
         self._thread.start()
@@ -136,12 +136,12 @@ class TransferClient(ReaderIO):
     def release_remote(self, source: KVSourceDescriptor, request_id: str) -> None:
         """Tell `source` this reader will never read `request_id` (P may free it). Fire and
         forget: a lost message only means P frees at lease expiry instead."""
-        self._note(source, wire.Release(request_id, self._engine_id))
+        self._note(source, control.Release(request_id, self._engine_id))
 
     def keep_alive(self, source: KVSourceDescriptor, request_id: str) -> None:
         """Ask `source` to extend the lease of `request_id`: this reader still means to read
         it (the request waits for admission). Fire and forget, like `release_remote`."""
-        self._note(source, wire.KeepAlive(request_id, self._engine_id))
+        self._note(source, control.KeepAlive(request_id, self._engine_id))
 
     def _note(self, source: KVSourceDescriptor, message: msgspec.Struct) -> None:
         if self._closed:

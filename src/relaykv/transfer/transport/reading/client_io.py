@@ -21,7 +21,6 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from relaykv.transfer.transport import wire
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import (
     PeerLost,
@@ -30,12 +29,13 @@ from relaykv.transfer.transport.errors import (
     TransferError,
     error_from_code,
 )
-from relaykv.transfer.transport.handle import TransferHandle, TransferResult
-from relaykv.transfer.transport.integrity import verify_destination
 from relaykv.transfer.transport.layout import PageLayout
-from relaykv.transfer.transport.planes import ReceiverPlane
-from relaykv.transfer.transport.read_jobs import Peer, ReadJob
-from relaykv.transfer.transport.sockets import connect_dealer
+from relaykv.transfer.transport.planes.base import ReceiverPlane
+from relaykv.transfer.transport.reading.handle import TransferHandle, TransferResult
+from relaykv.transfer.transport.reading.read_jobs import Peer, ReadJob
+from relaykv.transfer.transport.wire import control
+from relaykv.transfer.transport.wire.integrity import verify_destination
+from relaykv.transfer.transport.wire.sockets import connect_dealer
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class ReaderIO:
     _finished: deque[TransferHandle]
     _stats: dict[str, int]
     _wake_r: int
-    _codec: wire.Codec
+    _codec: control.Codec
 
     def _run(self) -> None:
         try:
@@ -153,7 +153,7 @@ class ReaderIO:
                 continue
             sink, window = reserved
             job.saw_connection = True
-            msg = wire.Read(
+            msg = control.Read(
                 tid,
                 job.handle.request_id,
                 [p.to_wire() for p in job.pages],
@@ -177,7 +177,7 @@ class ReaderIO:
             if event["event"] == zmq.EVENT_CONNECTED:
                 peer.connected = True
                 # every (re)connection may reach a fresh P: register before any Read
-                self._send(peer, wire.Register(self._engine_id, self._plane.registration()))
+                self._send(peer, control.Register(self._engine_id, self._plane.registration()))
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 peer.connected = False
                 for tid in list(peer.jobs):
@@ -230,14 +230,14 @@ class ReaderIO:
             except TransferError as exc:
                 self._fail(job, exc)
 
-    def _on_message(self, job: ReadJob, msg: wire.ToClient, frames: list) -> None:
-        if isinstance(msg, wire.Refused | wire.Failed):
+    def _on_message(self, job: ReadJob, msg: control.ToClient, frames: list) -> None:
+        if isinstance(msg, control.Refused | control.Failed):
             # the server has stopped this transfer: its resources can be reused at once
             self._fail(
                 job, error_from_code(msg.code, f"{job.peer.endpoint}: {msg.reason}"), clean=True
             )
             return
-        if isinstance(msg, wire.Done):
+        if isinstance(msg, control.Done):
             job.claimed = msg.num_pages
             return
         job.accept_chunk(msg, frames)
@@ -254,7 +254,7 @@ class ReaderIO:
             job.landed_page += len(pages)
             self._stats["pages_received"] += len(pages)
             self._stats["bytes_received"] += sum(p.nbytes for p in pages)
-            self._send(job.peer, wire.Credit(tid, chunk.index))
+            self._send(job.peer, control.Credit(tid, chunk.index))
         if job.landed_page == len(job.pages):
             self._succeed(job)
         elif job.claimed is not None and not job.announced:
@@ -269,7 +269,7 @@ class ReaderIO:
 
     def _succeed(self, job: ReadJob) -> None:
         tid = job.handle.transfer_id
-        self._send(job.peer, wire.Ack(tid, True))
+        self._send(job.peer, control.Ack(tid, True))
         self._forget(job, clean=True)
         self._stats["ok"] += 1
         handle = job.handle
@@ -290,7 +290,7 @@ class ReaderIO:
         if tid not in self._jobs:
             return
         if job.sent and job.peer.connected:
-            self._send(job.peer, wire.Ack(tid, False, exc.code, str(exc)))
+            self._send(job.peer, control.Ack(tid, False, exc.code, str(exc)))
         exc.dst_quiesced = clean or not self._plane.remote_writes
         self._forget(job, clean=clean)
         self._stats["failed"] += 1

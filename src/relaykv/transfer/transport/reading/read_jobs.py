@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from relaykv.transfer.transport import wire
 from relaykv.transfer.transport.errors import (
     PeerUnreachable,
     ShortTransferError,
     TransferError,
     TransferTimeout,
 )
-from relaykv.transfer.transport.handle import TransferHandle
 from relaykv.transfer.transport.layout import PageCopy
+from relaykv.transfer.transport.reading.handle import TransferHandle
+from relaykv.transfer.transport.wire import control
 
 
 @dataclass(slots=True)
@@ -49,10 +49,10 @@ class ReadJob:
     next_index: int = 0  # next chunk index expected from P
     announced_page: int = 0  # pages announced by P so far
     landed_page: int = 0  # pages landed and verified
-    announced: deque = field(default_factory=deque)  # (wire.Chunk, frames)
+    announced: deque = field(default_factory=deque)  # (control.Chunk, frames)
     claimed: int | None = None
 
-    def accept_chunk(self, msg: wire.Chunk, frames: list) -> None:
+    def accept_chunk(self, msg: control.Chunk, frames: list) -> None:
         """Queue an announced chunk; it must follow the previous one exactly."""
         count = len(msg.digests)
         if msg.index != self.next_index or msg.first_page != self.announced_page or count < 1:

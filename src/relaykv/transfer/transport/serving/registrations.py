@@ -1,6 +1,6 @@
 """P's record of where each reader lets it write, and its guard against replayed reads.
 
-A reader (D) registers its destination memory once per connection (`wire.Register`, an
+A reader (D) registers its destination memory once per connection (`control.Register`, an
 authenticated message): its shm file or KV rows, its NIXL agent, its Mooncake buffer. P
 keeps the opened registration per reader engine id and writes only within it; a Read names
 the reader, never a destination of its own (docs/security.md). A registration cannot be
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from relaykv.transfer.transport.planes import SenderPlane
+from relaykv.transfer.transport.planes.base import SenderPlane
 
 log = logging.getLogger(__name__)
 

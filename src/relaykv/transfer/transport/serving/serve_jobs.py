@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relaykv.transfer.transport.errors import TransferError, TransferRefused
-from relaykv.transfer.transport.faults import FaultPlan
-from relaykv.transfer.transport.grants import Grant, GrantTable
 from relaykv.transfer.transport.layout import PageCopy, PageLayout
-from relaykv.transfer.transport.planes import PendingChunk
+from relaykv.transfer.transport.planes.base import PendingChunk
+from relaykv.transfer.transport.serving.allow_list import Grant, GrantTable
+from relaykv.transfer.transport.serving.faults import FaultPlan
 
 log = logging.getLogger(__name__)
 

@@ -22,24 +22,24 @@ import msgspec
 import numpy as np
 import zmq
 
-from relaykv.transfer.transport import wire
-from relaykv.transfer.transport.auth import MessageAuth, default_secret
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import TransferError, TransferRefused
-from relaykv.transfer.transport.faults import NO_FAULTS, FaultPlan
-from relaykv.transfer.transport.grants import GrantTable
-from relaykv.transfer.transport.integrity import source_digests
 from relaykv.transfer.transport.layout import PageLayout
-from relaykv.transfer.transport.planes import SenderPlane
-from relaykv.transfer.transport.registrations import ReaderRegistry, ReplayGuard
-from relaykv.transfer.transport.serve_jobs import (
+from relaykv.transfer.transport.planes.base import SenderPlane
+from relaykv.transfer.transport.serving.allow_list import GrantTable
+from relaykv.transfer.transport.serving.faults import NO_FAULTS, FaultPlan
+from relaykv.transfer.transport.serving.registrations import ReaderRegistry, ReplayGuard
+from relaykv.transfer.transport.serving.serve_jobs import (
     OrphanWrites,
     ServeEvent,
     ServeJob,
     parse_pages,
     plan_chunks,
 )
-from relaykv.transfer.transport.sockets import bind_router
+from relaykv.transfer.transport.wire import control
+from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
+from relaykv.transfer.transport.wire.integrity import source_digests
+from relaykv.transfer.transport.wire.sockets import bind_router
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class TransferServer:
             layout=layout.to_wire(),
             meta=dict(meta or {}),
         )
-        self._codec = wire.Codec(MessageAuth(default_secret() if secret is None else secret))
+        self._codec = control.Codec(MessageAuth(default_secret() if secret is None else secret))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-serve-{engine_id}", daemon=True)
         self._started = False
@@ -199,10 +199,10 @@ class TransferServer:
                 return
             try:
                 if len(parts) != 3:
-                    raise wire.Unauthenticated("wrong frame count: not one of ours")
+                    raise control.Unauthenticated("wrong frame count: not one of ours")
                 identity, tag, payload = parts
                 msg = self._codec.decode_to_server(tag, payload)
-            except wire.Unauthenticated:
+            except control.Unauthenticated:
                 count = self._stats["unauthenticated"] = self._stats["unauthenticated"] + 1
                 if count in (1, 10, 100) or not count % 10000:  # a flood must not flood the log
                     log.warning("kv transfer server: %d unauthenticated messages dropped", count)
@@ -210,26 +210,26 @@ class TransferServer:
             except Exception as exc:
                 log.warning("kv transfer server: undecodable message dropped (%s)", exc)
                 continue
-            if isinstance(msg, wire.Register):
+            if isinstance(msg, control.Register):
                 self.readers.register_logged(msg.reader, msg.registration)
                 continue
-            if isinstance(msg, wire.Read):
+            if isinstance(msg, control.Read):
                 self._on_read(identity, msg)
                 continue
-            if isinstance(msg, (wire.Release, wire.KeepAlive)):
+            if isinstance(msg, (control.Release, control.KeepAlive)):
                 if self.grants.allowed(msg.request_id, msg.reader):
-                    kind = "released" if isinstance(msg, wire.Release) else "keepalive"
+                    kind = "released" if isinstance(msg, control.Release) else "keepalive"
                     self._events.append(ServeEvent(kind, msg.request_id))
                 continue
             job = self._jobs.get((identity, msg.transfer_id))
             if job is None:
                 continue
-            if isinstance(msg, wire.Credit):
+            if isinstance(msg, control.Credit):
                 job.credited = max(job.credited, min(msg.index + 1, job.next_chunk))
-            elif isinstance(msg, wire.Cancel):
+            elif isinstance(msg, control.Cancel):
                 job.cancelled = True
                 self._finish(job)
-            elif isinstance(msg, wire.Ack):
+            elif isinstance(msg, control.Ack):
                 kind = "read_ok" if msg.ok else "read_failed"
                 nbytes = sum(p.nbytes for p in job.pages) if msg.ok else 0
                 self._events.append(
@@ -237,7 +237,7 @@ class TransferServer:
                 )
                 self._finish(job)
 
-    def _on_read(self, identity: bytes, msg: wire.Read) -> None:
+    def _on_read(self, identity: bytes, msg: control.Read) -> None:
         self._stats["reads"] += 1
         faults = self._faults if self._faults.applies(msg.request_id) else NO_FAULTS
         if faults.drop:
@@ -260,7 +260,7 @@ class TransferServer:
         except TransferRefused as exc:
             self._stats["refused"] += 1
             self._events.append(ServeEvent("refused", msg.request_id, msg.transfer_id, 0, str(exc)))
-            self._send(identity, wire.Refused(msg.transfer_id, exc.code, str(exc)))
+            self._send(identity, control.Refused(msg.transfer_id, exc.code, str(exc)))
             return
         job = ServeJob(
             identity=identity,
@@ -293,7 +293,7 @@ class TransferServer:
                     and job.next_chunk == len(job.chunks)
                 ):
                     claimed = len(job.pages)  # `short` claims all pages it did not send
-                    self._send(job.identity, wire.Done(job.transfer_id, claimed))
+                    self._send(job.identity, control.Done(job.transfer_id, claimed))
                     job.done_sent = True
                     job.deadline = min(job.deadline, now + DONE_GRACE_S)
             except TransferError as exc:
@@ -344,7 +344,7 @@ class TransferServer:
                 return
             job.pending.popleft()
             self.grants.end(job.grant)
-            header = wire.Chunk(
+            header = control.Chunk(
                 job.transfer_id, index, first, digests, self._plane.slot_of(job.sink, index)
             )
             self._send(job.identity, header, pending.frames)
@@ -375,7 +375,7 @@ class TransferServer:
     def _fail(self, job: ServeJob, exc: TransferError) -> None:
         self._events.append(ServeEvent("read_failed", job.request_id, job.transfer_id, 0, str(exc)))
         with contextlib.suppress(zmq.ZMQError):
-            self._send(job.identity, wire.Failed(job.transfer_id, exc.code, str(exc)))
+            self._send(job.identity, control.Failed(job.transfer_id, exc.code, str(exc)))
         self._finish(job)
 
     def _finish(self, job: ServeJob) -> None:

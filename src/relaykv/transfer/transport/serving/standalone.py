@@ -2,7 +2,7 @@
 
 For cross-process tests, benchmarks and manual two-host trials:
 
-    python -m relaykv.transfer.transport.standalone --kv-transport tcp \\
+    python -m relaykv.transfer.transport.serving.standalone --kv-transport tcp \\
         --kv-transfer-host 0.0.0.0 --num-blocks 64 --block-bytes 4096 --page-bytes 4096,1024
 
 It fills its buffer from `--seed` (`seeded_buffer`, so a reader can check every byte),
@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
-from relaykv.transfer.transport.faults import FaultPlan
 from relaykv.transfer.transport.layout import PageLayout
 from relaykv.transfer.transport.registry import (
     add_transport_arguments,
     get_transport,
     options_from_args,
 )
+from relaykv.transfer.transport.serving.faults import FaultPlan
 
 READY = "RELAYKV-PEER "
 
@@ -125,7 +125,7 @@ class StandalonePeer:
         cmd = [
             sys.executable,
             "-m",
-            "relaykv.transfer.transport.standalone",
+            "relaykv.transfer.transport.serving.standalone",
             "--kv-transport",
             transport,
             "--kv-transfer-host",

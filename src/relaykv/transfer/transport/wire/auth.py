@@ -25,7 +25,7 @@ import os
 import secrets
 from pathlib import Path
 
-from relaykv.private_files import PrivateFileError, read_private_file
+from relaykv.common.plumbing.secret_files import PrivateFileError, read_private_file
 
 SECRET_ENV = "RELAYKV_KV_SECRET_FILE"
 MIN_SECRET_CHARS = 32

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import msgspec
 
-from relaykv.transfer.transport.auth import TO_CLIENT, TO_SERVER, MessageAuth
+from relaykv.transfer.transport.wire.auth import TO_CLIENT, TO_SERVER, MessageAuth
 
 Page = tuple[int, int, int, int]  # (group, src block, dst block, nbytes)
 

@@ -19,9 +19,9 @@ from relaykv.transfer.transport import (
     TransportOptions,
     get_transport,
 )
+from relaykv.transfer.transport.planes.shm import SharedKVBuffer
 from relaykv.transfer.transport.registry import TRANSPORT_NAMES, transport_class
-from relaykv.transfer.transport.shm import SharedKVBuffer
-from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
+from relaykv.transfer.transport.serving.standalone import StandalonePeer, seeded_buffer
 
 # Three groups with different page sizes in one buffer (one of them odd-sized), so a
 # page is never a whole row and row padding must stay untouched.
