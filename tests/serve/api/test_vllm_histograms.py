@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relaykv.engine.metrics import REQUEST_LATENCY_BUCKETS, token_buckets
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "relaykv.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana" / "relaykv.json"
 HISTOGRAMS = {
     "vllm:request_prompt_tokens": 5,
     "vllm:request_generation_tokens": 4,

@@ -23,11 +23,11 @@ from relaykv.transfer.transport import (
     TransferError,
     TransferRefused,
     get_transport,
-    wire,
 )
 from relaykv.transfer.transport.planes.shm import ShmRegistration
 from relaykv.transfer.transport.registry import transport_class
 from relaykv.transfer.transport.serving.standalone import StandalonePeer, seeded_buffer
+from relaykv.transfer.transport.wire import control
 from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
 
 from .conftest import LAYOUT, OPTIONS, SEED, transport_params
@@ -174,14 +174,14 @@ def raw_reader(server) -> zmq.Socket:
     return sock
 
 
-def cluster_codec() -> wire.Codec:
+def cluster_codec() -> control.Codec:
     """A codec holding the cluster secret (a member of the cluster, not an outsider)."""
-    return wire.Codec(MessageAuth(default_secret()))
+    return control.Codec(MessageAuth(default_secret()))
 
 
 def read_msg(tid: str, rid: str, pages: list, reader: str, sink: bytes = b"", window: int = 1,
-             timeout_s: float = 2.0) -> wire.Read:
-    return wire.Read(tid, rid, pages, sink, window, timeout_s, reader, time.time())
+             timeout_s: float = 2.0) -> control.Read:
+    return control.Read(tid, rid, pages, sink, window, timeout_s, reader, time.time())
 
 
 @pytest.mark.parametrize(
@@ -199,12 +199,12 @@ def test_shm_server_only_opens_staging_areas(name: str, slots: list[int]) -> Non
         server.allow("r", {0: [1]}, time.monotonic() + 30)
         codec = cluster_codec()
         registration = msgspec.msgpack.encode(ShmRegistration(name, 16384))
-        sock.send_multipart(codec.to_server(wire.Register("evil", registration)))
+        sock.send_multipart(codec.to_server(control.Register("evil", registration)))
         sink = msgspec.msgpack.encode({"slots": slots})
         sock.send_multipart(codec.to_server(read_msg("t1", "r", [(0, 1, 2, 8192)], "evil", sink)))
         assert sock.poll(5000)
         reply = codec.decode_to_client(*sock.recv_multipart())
-        assert isinstance(reply, wire.Refused) and "has not registered" in reply.reason
+        assert isinstance(reply, control.Refused) and "has not registered" in reply.reason
     finally:
         sock.close(0)
         client.close()
@@ -219,7 +219,7 @@ def test_reader_that_never_credits_does_not_stall_others() -> None:
         server.allow("polite", {0: [20]}, time.monotonic() + 30)
         codec = cluster_codec()
         pages = [(0, b, b + 20, 8192) for b in range(1, 11)]
-        sock.send_multipart(codec.to_server(wire.Register("greedy", b"")))
+        sock.send_multipart(codec.to_server(control.Register("greedy", b"")))
         sock.send_multipart(
             codec.to_server(read_msg("t-greedy", "greedy", pages, "greedy", timeout_s=0.5))
         )

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from relaykv.kvcache.geometry import Geometry, GroupSpec
-from relaykv.transfer.transport import KVSourceDescriptor, PageCopy, PageLayout, page_copies, wire
+from relaykv.transfer.transport import KVSourceDescriptor, PageCopy, PageLayout, page_copies
 from relaykv.transfer.transport.layout import as_page_array, check_destination_pages
+from relaykv.transfer.transport.wire import control
 from relaykv.transfer.transport.wire.auth import MessageAuth
 
 LAYOUT = PageLayout(8, 256, (256, 100))
@@ -93,25 +94,25 @@ def test_descriptor_json_round_trip_and_validation() -> None:
 
 
 def test_wire_messages_round_trip_as_msgpack() -> None:
-    codec = wire.Codec(MessageAuth(b"k" * 32))
-    read = wire.Read("t", "r", [(0, 1, 2, 256)], b"sink", 4, 1.5, "D", 12.5)
+    codec = control.Codec(MessageAuth(b"k" * 32))
+    read = control.Read("t", "r", [(0, 1, 2, 256)], b"sink", 4, 1.5, "D", 12.5)
     tag, data = codec.to_server(read)
     assert not data.startswith(b"\x80")  # msgpack, not a pickle stream
     assert codec.decode_to_server(tag, data) == read
-    chunk = wire.Chunk("t", 0, 0, [2**64 - 1], 3)
+    chunk = control.Chunk("t", 0, 0, [2**64 - 1], 3)
     assert codec.decode_to_client(*codec.to_client(chunk)) == chunk
-    with pytest.raises(wire.Unauthenticated):
+    with pytest.raises(control.Unauthenticated):
         codec.decode_to_client(tag, data)  # signed for the other direction: not reflectable
     with pytest.raises(msgspec.ValidationError):
         codec.decode_to_client(*codec.to_client(read))  # a Read is not for the client
 
 
 def test_a_message_signed_with_another_secret_is_not_read() -> None:
-    ours, theirs = wire.Codec(MessageAuth(b"a" * 32)), wire.Codec(MessageAuth(b"b" * 32))
-    tag, data = theirs.to_server(wire.Release("r"))
-    with pytest.raises(wire.Unauthenticated):
+    ours, theirs = control.Codec(MessageAuth(b"a" * 32)), control.Codec(MessageAuth(b"b" * 32))
+    tag, data = theirs.to_server(control.Release("r"))
+    with pytest.raises(control.Unauthenticated):
         ours.decode_to_server(tag, data)
     flipped = bytearray(data)
     flipped[-1] ^= 1
-    with pytest.raises(wire.Unauthenticated):
-        ours.decode_to_server(ours.to_server(wire.Release("r"))[0], bytes(flipped))
+    with pytest.raises(control.Unauthenticated):
+        ours.decode_to_server(ours.to_server(control.Release("r"))[0], bytes(flipped))

@@ -20,11 +20,11 @@ from relaykv.transfer.transport import (
     TransferRefused,
     TransportOptions,
     get_transport,
-    wire,
 )
 from relaykv.transfer.transport.planes.shm import SharedKVBuffer, ShmRegistration
 from relaykv.transfer.transport.planes.shm_files import SHM_DIR, clean_stale_files
 from relaykv.transfer.transport.serving.registrations import ReplayGuard
+from relaykv.transfer.transport.wire import control
 from relaykv.transfer.transport.wire.auth import MessageAuth, default_secret
 
 from .conftest import LAYOUT, OPTIONS
@@ -56,21 +56,21 @@ def test_destinations_come_from_registrations_only() -> None:
     server, client, _, _ = make_pair("tcp")
     victim = SharedKVBuffer(LAYOUT)
     sock = raw_reader(server)
-    codec = wire.Codec(MessageAuth(default_secret()))
+    codec = control.Codec(MessageAuth(default_secret()))
     try:
         server.allow("r", {0: [1]}, time.monotonic() + 30)
         # a legitimate reader registers nothing for tcp: P refuses a Read that names memory
-        sock.send_multipart(codec.to_server(wire.Register("m", b"")))
+        sock.send_multipart(codec.to_server(control.Register("m", b"")))
         direct = msgspec.msgpack.encode(ShmRegistration(victim.name, LAYOUT.block_bytes, True))
         sock.send_multipart(codec.to_server(read_msg("t1", "r", [(0, 1, 2, 8192)], "m", direct)))
         assert sock.poll(5000)
         reply = codec.decode_to_client(*sock.recv_multipart())
-        assert isinstance(reply, wire.Refused) and "unusable destination" in reply.reason
+        assert isinstance(reply, control.Refused) and "unusable destination" in reply.reason
         # the same Read again is a replay
         sock.send_multipart(codec.to_server(read_msg("t1", "r", [(0, 1, 2, 8192)], "m")))
         assert sock.poll(5000)
         reply = codec.decode_to_client(*sock.recv_multipart())
-        assert isinstance(reply, wire.Refused) and "replayed" in reply.reason
+        assert isinstance(reply, control.Refused) and "replayed" in reply.reason
         assert not victim.array.any()
     finally:
         sock.close(0)
