@@ -3,10 +3,10 @@
 # for the third-party client tests (tests/bench/test_third_party_clients.py,
 # docs/benchmarking.md). It never installs torch: everything is `--no-deps`, and a .pth file
 # makes the project venv's packages (torch 2.13.0+cpu, transformers, aiohttp, ...) visible.
-#   tools/client_venv.sh [VENV_DIR (default /work/clientvenv)] [PROJECT_VENV (default .venv)]
+#   tools/client_venv.sh [VENV_DIR (default clientvenv)] [PROJECT_VENV (default .venv)]
 # then: RELAYKV_CLIENT_VENV=VENV_DIR pytest tests/bench/test_third_party_clients.py
 set -euo pipefail
-VENV=${1:-/work/clientvenv}
+VENV=${1:-clientvenv}
 BASE=$(cd "${2:-.venv}" && pwd)
 PY=$("$BASE/bin/python" -c 'import sys; print(sys.executable)')
 "$PY" -m venv "$VENV"

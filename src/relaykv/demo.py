@@ -51,8 +51,8 @@ class DemoScale:
 
 
 # Sized so the demo takes about 1 minute (tiny-hybrid) or 8 (Gemma) on 2 cores, and so that
-# the A1/A2 spread of mean TTFT stays small next to the changes (README, "What `make demo`
-# shows", states the spreads measured).
+# the A1/A2 spread of mean TTFT stays small next to the changes (docs/benchmarking.md, "Noise
+# and the demo's history", states the spreads measured).
 LINK_FLAGS = "--kv-transport tcp --kv-link-gbps 10"
 QUICK = DemoScale(
     "tiny-hybrid",
@@ -76,8 +76,8 @@ REAL = DemoScale(
     # A 6,144-token shared prefix: legacy then sends D 66 MB a request (53 ms on a 10 Gbit/s
     # link, plus the tcp transport's copies and checksums), per-group about 2.6 MB, while the
     # engines' compute per request barely grows (P computes the 64-token suffix either way);
-    # at 3,072 tokens the saving was close to the A1/A2 spread (README, "Over a 10 Gbit/s
-    # link").
+    # at 3,072 tokens the saving was close to the A1/A2 spread (docs/benchmarking.md, "The
+    # link part").
     LinkPart(
         ("c1/output1:24",), 6144, "--speculative-tokens 1 --num-blocks 2400 --max-model-len 8192"
     ),
