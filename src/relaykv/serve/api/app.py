@@ -104,7 +104,7 @@ def create_app(
     )
     app.state.relaykv = state
     install_error_handlers(app)
-    # SGLang's bootstrap P/D fields: refused, or the room handshake (sglang_bootstrap.py)
+    # SGLang's bootstrap P/D fields: refused, or the room handshake (serve/sglang/bootstrap.py)
     sglang_guard = [Depends(sglang_bootstrap)]
     app.include_router(completions.router, dependencies=sglang_guard)
     app.include_router(chat.router, dependencies=sglang_guard)

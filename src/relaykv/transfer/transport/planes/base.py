@@ -1,7 +1,8 @@
 """Data planes: the one part that differs between transports.
 
-The control protocol (wire.py), the allow-list (grants.py), chunking, credits, digests,
-timeouts and failure handling are shared by every transport (server.py, client.py). A
+The control protocol (wire/control.py), the allow-list (serving/allow_list.py), chunking,
+credits, digests, timeouts and failure handling are shared by every transport
+(serving/server.py, reading/client.py). A
 transport only says how a chunk of pages gets from P's buffer into D's pages:
 
 * `SenderPlane` (P side) puts the bytes of a chunk where D's `sink` says, synchronously

@@ -1,7 +1,7 @@
 """The serving endpoint (P side): one background thread, a ZeroMQ ROUTER, a data plane.
 
 P's engine owns a `TransferServer` for the life of the process. It tells the server which
-blocks readers may have (`allow` / `extend` / `release`, grants.py) and drains `events()`
+blocks readers may have (`allow` / `extend` / `release`, allow_list.py) and drains `events()`
 to learn when D has verified a request's pages (so it can free them) or when a lease ran
 out. The thread serves many transfers at once, one chunk per transfer per turn, so a
 slow or dead reader never stops the others; a reader's credits bound what is queued.
