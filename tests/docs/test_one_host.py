@@ -35,7 +35,7 @@ CURL = claim(QS, "Serve the OpenAI API", "curl -s localhost:8000", by=__name__)
 KEYED = claim(QS, "Serve the OpenAI API", "RELAYKV_API_KEY=secret", by=__name__)
 UP = claim(QS, "Prefill/decode disaggregation", "relaykv up", by=__name__)
 CACHE_PROBE = claim(QS, "Ask the cache alone", "relaykv cache-probe", by=__name__)
-MEASURE = claim(QS, "Measure", "relaykv bench serve", by=__name__)  # the demo: test_demo.py
+MEASURE = claim(QS, "Measure", "relaykv bench serve", by=__name__)  # the demo line: test_readme.py
 PD_UP = claim(PD, ONE, "relaykv up", by=__name__)
 PD_CURL = claim(PD, ONE, "curl -s http://127.0.0.1:53061", by=__name__)
 PD_PROBE = claim(PD, ONE, "relaykv probe", by=__name__)
