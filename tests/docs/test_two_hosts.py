@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,12 +68,17 @@ def _complete(sandbox: Sandbox, base: str, max_tokens: int = 2) -> tuple[int, st
 
 
 @contextlib.contextmanager
-def _hosts(tmp_path: Path, transport: str = "nixl") -> Iterator[Sandbox]:
+def _hosts(
+    tmp_path: Path, transport: str = "nixl", router: str = "vllm-router"
+) -> Iterator[Sandbox]:
     """A sandbox with the doc's two hosts and the cluster's secret file (the first section's
-    "once" line: later sections use the reader's kv-secret)."""
+    "once" line: later sections use the reader's kv-secret). `make install` installs the
+    transports and routers; a venv without those optional extras skips."""
     why = availability()[transport]
-    if why:  # `make install` installs it; a venv without the optional extra skips
+    if why:
         pytest.skip(f"docs/pd.md's two-host commands use {transport}: {why}")
+    if not (Path(sys.executable).parent / router).exists():
+        pytest.skip(f"pip install 'relaykv[{router}]' (docs/pd.md runs {router})")
     with Sandbox(tmp_path) as sandbox:
         sandbox.run(NAMESPACES.text)
         sandbox.run(TWO_HOSTS.command("python -c").text)
@@ -130,7 +136,7 @@ def test_engines_with_an_api_key_behind_vllm_router(tmp_path: Path) -> None:
 
 
 def test_sglang_gateway_across_hosts(tmp_path: Path) -> None:
-    with _hosts(tmp_path) as sandbox:
+    with _hosts(tmp_path, router="sglang-router") as sandbox:
         run_block(sandbox, SGLANG, hosts=True)
         status, body = _complete(sandbox, "http://10.0.0.1:8000", max_tokens=5)
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 5, body
