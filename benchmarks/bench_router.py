@@ -45,7 +45,8 @@ from relaykv.kvcache import accel, preset
 from relaykv.router.backends import BackendPool
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex
-from relaykv.router.routing import Prompt, Routing
+from relaykv.router.prompt import Prompt
+from relaykv.router.routing import Routing
 
 SHARED_TAIL = 1024  # tokens a `shared` prompt does not share with the previous ones
 
@@ -100,7 +101,7 @@ def decisions_per_s(
     urls = [f"http://engine{i}" for i in range(args.engines)]
     pool = BackendPool(role, urls)
     for backend, index in zip(pool.backends, indexes, strict=True):
-        tracker = routing.tracker(backend)
+        tracker = routing.engines.tracker(backend)
         tracker.index = index
         tracker.subscriber = object()  # type: ignore[assignment]  # "following its events"
     times, hash_times = [], []
@@ -119,11 +120,12 @@ def decisions_per_s(
             tokens = head + rng.choices(range(50_000), k=SHARED_TAIL)
         else:
             tokens = prompt
-            routing.chains.clear()
+            routing.prompts.chains.clear()
         # Interleaved with the baseline (hashing the prompt alone), so both see the same load
         # on a shared machine.
         t0 = time.perf_counter()
-        chosen = routing.pick(pool, set(), Prompt(tokens, chains=routing.chains))
+        choice = routing.pick(pool, set(), Prompt(tokens, chains=routing.prompts.chains))
+        chosen = choice.backend if choice is not None else None
         t1 = time.perf_counter()
         req = indexes[0].request(prompt)
         req.keys(0), req.keys(1)

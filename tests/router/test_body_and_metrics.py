@@ -8,8 +8,9 @@ import json
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from relaykv.router.body import ClientBody
-from relaykv.router.relay import Router, create_router_app
+from relaykv.router.app import create_router_app
+from relaykv.router.intake import ClientBody
+from relaykv.router.relay import Router
 
 from .test_relay import D1, P1, Engines, _client
 
@@ -78,7 +79,7 @@ async def test_metrics_parse_typed_and_count_every_response() -> None:
         assert ok.status_code == 200
         bad = await client.post("/v1/completions", content=b"{", headers=auth)
         assert bad.status_code == 400
-        router.routing.prompt = broken_prompt  # type: ignore[method-assign]
+        router.routing.prompts.prompt = broken_prompt  # type: ignore[method-assign]
         own = await client.post("/v1/completions", json={"prompt": [1]}, headers=auth)
         assert own.status_code == 500 and own.json()["error"]["type"] == "server_error"
         assert (await client.get("/nothing")).status_code == 404

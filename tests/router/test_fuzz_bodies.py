@@ -14,7 +14,8 @@ import pytest
 import uvicorn
 
 from relaykv.engine import LLMEngine
-from relaykv.router.relay import Router, create_router_app
+from relaykv.router.app import create_router_app
+from relaykv.router.relay import Router
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import get_transport
 from tests.serve.body_strategies import fuzz

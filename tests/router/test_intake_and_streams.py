@@ -9,8 +9,9 @@ import json
 import httpx
 import pytest
 
+from relaykv.router.app import create_router_app
 from relaykv.router.intake import IntakeLimits
-from relaykv.router.relay import Router, create_router_app
+from relaykv.router.relay import Router
 
 from .test_relay import BODY, D1, P1, Engines, _client
 
@@ -158,5 +159,5 @@ def test_a_text_prompt_the_tokenizer_cannot_take_is_routed_not_a_500() -> None:
             raise TypeError("TextInputSequence must be str")
 
     routing = Routing("cache-aware", CacheAwareWeights())
-    routing._tokenizer = Refusing()
-    assert routing.prompt({"prompt": "\ud800"}) is None
+    routing.prompts._tokenizer = Refusing()
+    assert routing.prompts.prompt({"prompt": "\ud800"}) is None

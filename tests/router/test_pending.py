@@ -12,7 +12,8 @@ from relaykv.kvcache import CacheRole, KVCacheManager
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
 from relaykv.router.pending import LOAD_WAIT_S, InFlight, InFlightPrefixes, shared_units
-from relaykv.router.routing import Prompt, Routing
+from relaykv.router.prompt import Prompt
+from relaykv.router.routing import Routing
 from tests.kvcache.conftest import Driver, geometry, tokens
 
 
@@ -58,23 +59,26 @@ def test_a_sibling_follows_its_prefix_to_the_engine_computing_it() -> None:
     routing = Routing("cache-aware")
     pool = BackendPool("prefill", ["http://p0", "http://p1"])
     for b in pool.backends:
-        t = routing.tracker(b)
+        t = routing.engines.tracker(b)
         t.index, t.subscriber = EngineIndex(geo, "prefill"), object()  # type: ignore[assignment]
     system = tokens(400)
     a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
-    first = routing.pick(pool, set(), a)
-    assert first is not None
-    with routing.in_flight_on(first, a) as computing:
+    computing = routing.pick(pool, set(), a)
+    assert computing is not None
+    first = computing.backend
+    with computing:
         first.in_flight += 1
         # Nothing indexed anywhere yet; the engine computing the prefix still wins.
-        assert routing.pick(pool, set(), b) is first
-        assert routing.last_decision.scored_hit > 0
+        sibling = routing.pick(pool, set(), b)
+        assert sibling is not None and sibling.backend is first
+        assert sibling.record.scored_hit > 0
         first.in_flight -= 1
         assert computing.note_answer({"usage": {"prompt_tokens_details": {"cached_tokens": 7}}})
     assert routing.recent[0].cached_tokens == 7  # the record of `a`'s prefill decision
     assert routing.in_flight.count(first.url) == 0
     other = Prompt(tokens(430, seed=3))  # an unrelated prompt is judged on load and caches
-    assert routing.in_flight.hit(first.url, other, routing.tracker(first).index, 400) == 0
+    index = routing.engines.tracker(first).index
+    assert index is not None and routing.in_flight.hit(first.url, other, index, 400) == 0
 
 
 def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
@@ -82,8 +86,9 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
     routing = Routing("cache-aware")
     pool = BackendPool("decode", ["http://d0"])
     backend = pool.backends[0]
-    t = routing.tracker(backend)
+    t = routing.engines.tracker(backend)
     t.index, t.subscriber = EngineIndex(geo, "decode"), object()  # type: ignore[assignment]
+    index = t.index
     system = tokens(400)
     a, b = Prompt(system + tokens(30, seed=1)), Prompt(system + tokens(30, seed=2))
     unrelated = Prompt(tokens(430, seed=3))
@@ -95,13 +100,14 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
         other = InFlight(routing.in_flight, backend.url, unrelated)
 
         async def sibling() -> None:
-            await routing.await_prefix_load(backend, b, second)
+            await routing.in_flight.wait_for_load(backend, b, index, second)
             order.append("sibling sent")
 
         task = asyncio.create_task(sibling())
-        await routing.await_prefix_load(backend, unrelated, other)  # shares nothing
+        await routing.in_flight.wait_for_load(backend, unrelated, index, other)  # shares nothing
         order.append("unrelated sent")
-        await routing.await_prefix_load(backend, a, first)  # never waits for a later one
+        # never waits for a later one:
+        await routing.in_flight.wait_for_load(backend, a, index, first)
         order.append("first sent")
         await asyncio.sleep(0.05)
         order.append("first loaded")
@@ -124,7 +130,7 @@ def test_a_decode_sibling_waits_for_the_load_of_its_prefix() -> None:
     assert asyncio.run(scenario()) == [
         "unrelated sent", "first sent", "first loaded", "sibling sent"
     ]
-    assert routing.prefix_waits == 1
+    assert routing.in_flight.waits == 1
     assert routing.in_flight.count(backend.url) == 0
 
 
@@ -149,15 +155,16 @@ def test_siblings_wait_for_the_first_load_not_for_each_other() -> None:
     geo = geometry("full:16", "sliding:16:32", draft=0)
     routing = Routing("cache-aware")
     backend = BackendPool("decode", ["http://d0"]).backends[0]
-    t = routing.tracker(backend)
+    t = routing.engines.tracker(backend)
     t.index, t.subscriber = EngineIndex(geo, "decode"), object()  # type: ignore[assignment]
+    index = t.index
     system = tokens(400)
     prompts = [Prompt(system + tokens(30, seed=i)) for i in range(4)]
 
     async def scenario() -> None:
         entries = [InFlight(routing.in_flight, backend.url, p) for p in prompts]
         waiting = [
-            asyncio.create_task(routing.await_prefix_load(backend, p, e))
+            asyncio.create_task(routing.in_flight.wait_for_load(backend, p, index, e))
             for p, e in zip(prompts[2:], entries[2:], strict=True)
         ]
         await asyncio.sleep(0.01)

@@ -11,7 +11,8 @@ import pytest
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
 from relaykv.router.policy import CacheAwarePolicy, Candidate
-from relaykv.router.routing import Prompt, Routing
+from relaykv.router.prompt import Prompt
+from relaykv.router.routing import Routing
 from tests.kvcache.conftest import geometry, tokens
 
 
@@ -38,7 +39,7 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
                         gmap[key] = 1
                     if index.slot is not None:
                         routing.holders.add(g, held, index.slot)
-            t = routing.tracker(b)
+            t = routing.engines.tracker(b)
             t.index, t.subscriber = index, object()  # type: ignore[assignment]
             b.in_flight = rng.randrange(3)
             indexes.append(index)
@@ -60,4 +61,4 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
             ]
         )
         chosen = routing.pick(pool, set(), Prompt(prompt_tokens))
-        assert chosen is pool.backends[full], (trial, exact)
+        assert chosen is not None and chosen.backend is pool.backends[full], (trial, exact)

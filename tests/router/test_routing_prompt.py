@@ -18,7 +18,7 @@ def test_byte_tokenizer_export_encodes_like_the_engine() -> None:
 
 
 def test_prompt_tokens_from_ids_text_and_salt() -> None:
-    routing = Routing("cache-aware")
+    routing = Routing("cache-aware").prompts
     assert routing.prompt({"prompt": [5, 6, 7]}).tokens == [5, 6, 7]  # type: ignore[union-attr]
     assert routing.prompt({"prompt": [[5, 6]]}).tokens == [5, 6]  # type: ignore[union-attr]
     assert routing.prompt({"prompt": "hi"}) is None  # no tokenizer yet: load-only
@@ -37,7 +37,7 @@ def test_prompt_tokens_from_ids_text_and_salt() -> None:
         {"prompt": [-(2**31) - 1]},
     ):
         assert routing.prompt(body) is None
-    assert Routing("least-loaded").prompt({"prompt": [1, 2]}) is None
+    assert Routing("least-loaded").prompts.prompt({"prompt": [1, 2]}) is None
 
 
 async def test_chat_prompt_through_the_engines_tokenize() -> None:
@@ -60,11 +60,11 @@ async def test_chat_prompt_through_the_engines_tokenize() -> None:
     pool = BackendPool("prefill", ["http://p0"])
     body = {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "t"}
     async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
-        prompt = await Routing("cache-aware").chat_prompt(client, pool, body, {})
+        prompt = await Routing("cache-aware").prompts.chat_prompt(client, pool, body, {})
         assert prompt is not None and prompt.tokens == [1, 9, 9, 4] and prompt.salt == "t"
         bad = {**body, "continue_final_message": True}
-        assert await Routing("cache-aware").chat_prompt(client, pool, bad, {}) is None
-        assert await Routing("least-loaded").chat_prompt(client, pool, body, {}) is None
+        assert await Routing("cache-aware").prompts.chat_prompt(client, pool, bad, {}) is None
+        assert await Routing("least-loaded").prompts.chat_prompt(client, pool, body, {}) is None
         pool.backends[0].healthy = False
-        assert await Routing("cache-aware").chat_prompt(client, pool, body, {}) is None
+        assert await Routing("cache-aware").prompts.chat_prompt(client, pool, body, {}) is None
     assert seen[0]["messages"] == body["messages"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relaykv.engine import SchedulerConfig
-from relaykv.router.routing import Prompt
+from relaykv.router.prompt import Prompt
 from relaykv.sim.cluster import ClusterSpec, SimCluster
 from relaykv.sim.hardware import HARDWARE, LINKS
 from relaykv.sim.model_presets import model_spec

@@ -1,17 +1,15 @@
-"""The router's view of its engines: health, load, and who to try next.
+"""The router's engines by role: health and the requests in flight through this router.
 
-Each engine is a `Backend` with a count of requests in flight through this router. `pick`
-returns the least-loaded healthy backend not yet tried for this request (ties go round robin,
-so equal engines share the load). A backend that fails a request or a health check leaves the
-rotation until a health check succeeds again. `describe()` is the current state: `last_error`
-is the reason an engine is out of rotation and is cleared when it comes back (the history
-stays in `failures` and `last_failure`).
+Each engine is a `Backend` with a count of requests in flight through this router (which
+engine takes a request is `routing.py`'s choice). A backend that fails a request or a health
+check leaves the rotation until a health check succeeds again. `describe()` is the current
+state: `last_error` is the reason an engine is out of rotation and is cleared when it comes
+back (the history stays in `failures` and `last_failure`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -56,16 +54,11 @@ class BackendPool:
             raise ValueError(f"at least one {role} engine URL is needed")
         self.role = role
         self.backends = [Backend(url.rstrip("/"), role) for url in urls]
-        self._turn = itertools.count()
 
-    def pick(self, exclude: set[Backend] | None = None) -> Backend | None:
-        exclude = exclude or set()
-        candidates = [b for b in self.backends if b.healthy and b not in exclude]
-        if not candidates:
-            return None
-        least = min(b.in_flight for b in candidates)
-        tied = [b for b in candidates if b.in_flight == least]
-        return tied[next(self._turn) % len(tied)]
+    def first_healthy(self) -> Backend | None:
+        """An engine in rotation, for calls any of them answers alike (`/v1/models`,
+        `/tokenize`)."""
+        return next((b for b in self.backends if b.healthy), None)
 
     def failed(self, backend: Backend, error: str) -> None:
         backend.healthy = False

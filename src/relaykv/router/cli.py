@@ -6,9 +6,10 @@ import argparse
 import logging
 
 from relaykv.common.plumbing.secret_files import PrivateFileError, resolve_api_key
+from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
 from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights
-from relaykv.router.relay import Router, create_router_app
+from relaykv.router.relay import Router
 from relaykv.router.routing import Routing
 from relaykv.router.server import serve_router
 

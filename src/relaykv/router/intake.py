@@ -6,7 +6,16 @@
 * A body that does not arrive within `body_timeout_s` is refused with 408; headers have
   their own timeout in the HTTP server (server.py), so half-open connections do not pile up.
 * What the body says is the engines' to judge: the router forwards the client's own bytes
-  (`relaykv.router.body`), 400 only when it is not one JSON object at all.
+  (`ClientBody`, below), 400 only when it is not one JSON object at all.
+
+The body as the router forwards it: its own bytes, never re-encoded. Re-encoding a parsed
+body loses or breaks what the engine must judge for itself: a lone surrogate (`"\\ud800"`)
+cannot be encoded as UTF-8, `Infinity` or `1e309` is not valid JSON output, big integers and
+float spellings change. So the router parses the body only to read it (`stream`, the prompt)
+and forwards the client's bytes with the few fields a hop must set appended at the end of the
+object. JSON parsers that keep the last value of a repeated key (Python's `json`, which the
+engines use) read the appended values; every other byte is the client's, so the engine
+answers exactly the 400 it would answer the client directly (docs/pd.md "The router").
 
 docs/serving.md ("Limits and timeouts") lists the defaults and flags.
 """
@@ -14,7 +23,9 @@ docs/serving.md ("Limits and timeouts") lists the defaults and flags.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -61,3 +72,39 @@ async def read_body(request: Request, limits: IntakeLimits) -> bytes:
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g}s",
                        code="request_timeout") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientBody:
+    raw: bytes
+    data: dict[str, Any]
+
+    @classmethod
+    def parse(cls, raw: bytes) -> ClientBody:
+        """400 unless the body is one JSON object (the engine checks its fields)."""
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise APIError(400, f"malformed JSON body: {exc}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return cls(raw, data)
+
+    @property
+    def stream(self) -> bool:
+        return self.data.get("stream") is True
+
+    def with_fields(self, fields: dict[str, Any]) -> bytes:
+        """The client's bytes with `fields` appended as the object's last members."""
+        # ensure_ascii: the appended text is ASCII, whatever the values (never a 500 here).
+        extra = json.dumps(fields, ensure_ascii=True, separators=(",", ":"))[1:-1].encode()
+        body = self.raw.rstrip()
+        if not self.raw.lstrip().startswith(b"{") or not body.endswith(b"}"):
+            # Not plain UTF-8 text around the object (a BOM, UTF-16): re-encode as ASCII JSON,
+            # which still carries every value (surrogates as escapes, non-finite numbers as
+            # the `NaN` / `Infinity` literals the engine's parser reads and refuses).
+            return json.dumps({**self.data, **fields}, ensure_ascii=True).encode()
+        if not fields:
+            return self.raw
+        separator = b"," if self.data else b""
+        return body[:-1] + separator + extra + b"}"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from relaykv.kvcache.lookup import junction_point
 
 if TYPE_CHECKING:
-    from relaykv.router.decision import Decision
+    from relaykv.router.backends import Backend
     from relaykv.router.index import EngineIndex
     from relaykv.router.prompt import Prompt
 
@@ -56,6 +56,7 @@ class InFlightPrefixes:
         self._by_engine: dict[str, dict[int, tuple[Prompt, asyncio.Event, float]]] = {}
         self._ids = itertools.count()
         self._clock = clock
+        self.waits = 0  # decode sends held for a load of the same prefix (`wait_for_load`)
 
     def begin(self, engine: str, prompt: Prompt) -> int:
         token = next(self._ids)
@@ -92,6 +93,30 @@ class InFlightPrefixes:
         sharing = self._sharing(others, prompt, index, before)
         return [done for shared, done in sharing if shared >= block]
 
+    async def wait_for_load(
+        self, backend: Backend, prompt: Prompt, index: EngineIndex, entry: InFlight
+    ) -> None:
+        """Before decode engine `backend` takes `prompt`: wait (bounded) for the loads of
+        the same prefix that went there before `entry` to be answered, unless its index
+        already holds as much (see the module docstring)."""
+        waits = self.awaited(backend.url, prompt, index, entry.token)
+        if not waits:
+            return
+        req = prompt.request_for(index)
+        if index.usable_hit(req) >= self.hit(backend.url, prompt, index, index.resume_cap(req)):
+            return
+        self.waits += 1
+        # The first of them to load makes the shared prefix local (no convoy behind each
+        # one); the request counts on the engine meanwhile, so others spread.
+        tasks = [asyncio.ensure_future(w.wait()) for w in waits]
+        backend.in_flight += 1
+        try:
+            await asyncio.wait(tasks, timeout=LOAD_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            backend.in_flight -= 1
+            for task in tasks:
+                task.cancel()
+
     def _sharing(
         self,
         others: dict[int, tuple[Prompt, asyncio.Event, float]],
@@ -118,20 +143,12 @@ class InFlightPrefixes:
 class InFlight:
     """One request's entry on one engine, as a context manager: `with` ends it on exit unless
     `until_first` handed it to a stream, which ends it at the first bytes (a decode engine
-    streams only once the KV is loaded). `note_answer` records a prefill engine's own
-    `cached_tokens` in the routing decision (`GET /routing?recent=1`)."""
+    streams only once the KV is loaded)."""
 
-    def __init__(
-        self,
-        prefixes: InFlightPrefixes,
-        engine: str,
-        prompt: Prompt | None,
-        decision: Decision | None = None,
-    ) -> None:
+    def __init__(self, prefixes: InFlightPrefixes, engine: str, prompt: Prompt | None) -> None:
         self.engine = engine
         self.token = prefixes.begin(engine, prompt) if prompt is not None else None
         self._prefixes = prefixes
-        self._decision = decision
         self._handed_off = False
 
     def done(self) -> None:
@@ -161,12 +178,3 @@ class InFlight:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-
-    def note_answer(self, answer: Any) -> Any:
-        if self._decision is not None:
-            try:
-                cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
-            except (KeyError, TypeError):
-                cached = None
-            self._decision.cached_tokens = cached if type(cached) is int else None
-        return answer

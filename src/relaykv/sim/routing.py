@@ -18,8 +18,9 @@ from collections.abc import Callable
 from relaykv.kvcache import KVEvent
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.policy import ROUTING_MODES, CacheAwarePolicy, Candidate, make_policy
-from relaykv.router.routing import Prompt
+from relaykv.router.policy import ROUTING_MODES, make_policy
+from relaykv.router.prompt import Prompt
+from relaykv.router.scoring import EngineView, choose_engine
 from relaykv.sim.engine import SimEngine
 
 __all__ = ["ROUTING_MODES", "SimRouter"]
@@ -42,41 +43,21 @@ class SimRouter:
         }
 
     def pick(self, role: str, tokens: list[int]) -> SimEngine:
-        """The engine of `role` the router sends this prompt to (counted in flight).
-
-        As `relaykv.router.routing.Routing.pick`: candidates carry the index's cheap hit
-        bound, and the cache-aware policy asks for kvcache's exact lookup only where a
-        bound can win (`choose_lazy`)."""
+        """The engine of `role` the router sends this prompt to (counted in flight): the
+        router's own scoring and choice (`relaykv.router.scoring.choose_engine`)."""
         backends = self.pools[role].backends
         # One engine: every policy picks it, so skip scoring (the hashing and lookups).
         prompt = Prompt(tokens) if self.indexes and len(backends) > 1 else None
-        indexes = [self.indexes.get(b.url) if prompt else None for b in backends]
-        candidates = []
-        for b, index in zip(backends, indexes, strict=True):
-            engine = self.engines[b.url]
-            bound = index.hit_bound(prompt.request_for(index)) if prompt and index else 0
-            candidates.append(
-                Candidate(
-                    hit_tokens=bound,
-                    prompt_tokens=len(tokens),
-                    in_flight=b.in_flight,
-                    waiting=len(engine.scheduler.waiting),
-                    kv_usage=engine.manager.pool.usage(),
-                    cached_blocks=index.num_blocks if index is not None else 0,
-                )
+        views = [
+            EngineView(
+                self.indexes.get(b.url) if prompt else None,
+                b.in_flight,
+                waiting=len(self.engines[b.url].scheduler.waiting),
+                kv_usage=self.engines[b.url].manager.pool.usage(),
             )
-
-        def exact_hit(i: int) -> int:
-            index = indexes[i]
-            assert prompt is not None and index is not None
-            return index.usable_hit(prompt.request_for(index))
-
-        policy = self.policies[role]
-        if isinstance(policy, CacheAwarePolicy) and prompt is not None:
-            choice = policy.choose_lazy(candidates, exact_hit)
-        else:
-            choice = policy.choose(candidates)
-        backend = backends[choice]
+            for b in backends
+        ]
+        backend = backends[choose_engine(self.policies[role], prompt, views).choice]
         backend.in_flight += 1
         backend.requests += 1
         return self.engines[backend.url]

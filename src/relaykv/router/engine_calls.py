@@ -1,0 +1,164 @@
+"""The router's calls to one engine, and how it judges the answer (docs/pd.md "Failures").
+
+An engine that cannot be reached or answers 5xx leaves the rotation (`BackendPool.failed`) and
+the call returns None, so the request path tries another one; 503 means draining (out of
+rotation, not counted as a failure). Errors an engine returns for the request itself (4xx) are
+answers, relayed to the client unchanged. A decode engine's stream is relayed byte for byte;
+one that breaks or ends early gets an in-band error event, and every stream ends with
+`data: [DONE]`. Each call counts on the engine (`Backend.in_flight`) while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from relaykv.common.messages.api_errors import error_body
+from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.metrics import RouterStats
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class EngineCalls:
+    """HTTP calls to the engines through one client (set when the app starts)."""
+
+    def __init__(
+        self, timeout: httpx.Timeout, stats: RouterStats, on_stream_end: Callable[[], None]
+    ) -> None:
+        self.client: httpx.AsyncClient | None = None
+        self.timeout = timeout
+        self.stats = stats
+        self._on_stream_end = on_stream_end  # the router counts a stream out when it ends
+
+    async def post(
+        self,
+        pool: BackendPool,
+        backend: Backend,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response | None:
+        """The engine's answer, or None when it failed (out of rotation)."""
+        assert self.client is not None
+        backend.in_flight += 1
+        backend.requests += 1
+        try:
+            resp = await self.client.post(
+                f"{backend.url}{path}", content=body, headers=headers,
+                timeout=timeout or self.timeout,
+            )
+        except httpx.HTTPError as exc:
+            pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
+            return None
+        finally:
+            backend.in_flight -= 1
+        if resp.status_code >= 500 and resp.status_code != 503:
+            pool.failed(backend, f"answered {resp.status_code}")
+            return None
+        if resp.status_code == 503:  # draining: not broken, just not taking work
+            backend.healthy = False
+            backend.last_error = "draining (503)"
+            return None
+        return resp
+
+    async def decode(
+        self,
+        pool: BackendPool,
+        backend: Backend,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        stream: bool,
+    ) -> Response | None:
+        """A decode engine's answer (streamed through), or None when it failed."""
+        if not stream:
+            resp = await self.post(pool, backend, path, body, headers)
+            return None if resp is None else relayed(resp)
+        opened = await self._open_stream(pool, backend, path, body, headers)
+        if opened is None:
+            return None
+        if opened.status_code != 200:
+            await opened.aread()
+            await opened.aclose()
+            return relayed(opened)
+        return StreamingResponse(
+            self._relay_stream(pool, backend, opened), media_type="text/event-stream"
+        )
+
+    async def _open_stream(
+        self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict
+    ) -> httpx.Response | None:
+        assert self.client is not None
+        req = self.client.build_request(
+            "POST", f"{backend.url}{path}", content=body, headers=headers
+        )
+        backend.in_flight += 1
+        backend.requests += 1
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            backend.in_flight -= 1
+            pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
+            return None
+        if resp.status_code >= 500:
+            backend.in_flight -= 1
+            await resp.aclose()
+            if resp.status_code == 503:
+                backend.healthy = False
+            else:
+                pool.failed(backend, f"answered {resp.status_code}")
+            return None
+        if resp.status_code != 200:
+            backend.in_flight -= 1
+        return resp
+
+    async def _relay_stream(
+        self, pool: BackendPool, backend: Backend, resp: httpx.Response
+    ) -> AsyncIterator[bytes]:
+        """Pass the engine's SSE bytes through; a client that goes away closes the engine's
+        stream too. Every stream ends with `data: [DONE]`, a broken one after an in-band
+        error event."""
+        tail = b""
+        try:
+            try:
+                async for chunk in resp.aiter_raw():
+                    tail = (tail + chunk)[-64:]
+                    yield chunk
+            except httpx.HTTPError as exc:
+                pool.failed(backend, f"stream broke: {exc.__class__.__name__}")
+                self.stats.stream_errors += 1
+                yield stream_error(f"the decode engine's stream broke: {exc}")
+                tail = b""
+            if b"data: [DONE]" not in tail:
+                if tail:  # the engine closed cleanly without finishing the stream
+                    self.stats.stream_errors += 1
+                    yield stream_error("the decode engine ended the stream early")
+                yield DONE_EVENT
+        finally:
+            backend.in_flight -= 1
+            self._on_stream_end()
+            await resp.aclose()
+
+
+def stream_error(message: str) -> bytes:
+    """An in-band SSE error event (what OpenAI streams send for a failure mid-stream)."""
+    return f"data: {json.dumps(error_body(502, message))}\n\n".encode()
+
+
+def relayed(resp: httpx.Response) -> Response:
+    """An engine's answer, passed through (content type and status kept)."""
+    return Response(
+        content=resp.content,
+        status_code=resp.status_code,
+        media_type=resp.headers.get("content-type", "application/json"),
+    )
+
+
+def unavailable(role: str) -> Response:
+    message = f"no {role} engine is available (all failed or are out of rotation)"
+    return JSONResponse(error_body(503, message, code="no_backend"), status_code=503)

@@ -1,0 +1,95 @@
+"""A prompt scored on each engine of a role, and the policy's choice (docs/routing.md "Cost").
+
+Pure and clock-free: the router (`Routing.pick`) and the simulator (`relaykv.sim.routing`) call
+the same function, so both make the same decisions. Each engine is a `EngineView`: its index
+(None: judged on load alone), its load, and the resume point the prefixes this router has in
+flight there give (`computing`, router/pending.py). Every engine gets a cheap upper bound of
+its usable hit (`EngineIndex.hit_bound`); the cache-aware policy then asks for the exact hit
+(kvcache's lookup, `EngineIndex.usable_hit`) only while a bound can still win
+(`CacheAwarePolicy.choose_lazy`), which makes the choice a full evaluation makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from relaykv.router.holders import KeyHolders
+from relaykv.router.index import EngineIndex
+from relaykv.router.policy import CacheAwarePolicy, Candidate, RoutingPolicy
+from relaykv.router.prompt import Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """One engine as scored for one prompt."""
+
+    index: EngineIndex | None  # what it holds (None: judged on load alone)
+    in_flight: int  # requests this router has in flight there
+    waiting: int = 0  # the engine's own queue
+    kv_usage: float = 0.0
+    computing: int = 0  # the resume point prefixes in flight there give the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """The policy's choice: an index into the views, with the usable hit it saw there."""
+
+    choice: int
+    exact: int | None  # the exact usable hit there (None: the policy needed only a bound)
+    bound: int  # the upper bound the choice was made with
+
+    @property
+    def scored_hit(self) -> int:
+        """The hit a decision record shows: exact, else -1 (only a bound was computed)."""
+        if self.exact is not None:
+            return self.exact
+        return -1 if self.bound else 0
+
+
+def choose_engine(
+    policy: RoutingPolicy,
+    prompt: Prompt | None,
+    views: Sequence[EngineView],
+    holders: KeyHolders | None = None,
+) -> Scored:
+    """Score `prompt` on every view and let `policy` choose (`views` is not empty)."""
+    if prompt is not None:
+        prompt.recount()  # events since an earlier decision (a retry) change the holders
+    candidates = []
+    for view in views:
+        bound = 0
+        if prompt is not None and view.index is not None:
+            index = view.index
+            bound = max(index.hit_bound(prompt.request_for(index), _counts(prompt, holders, index)),
+                        view.computing)
+        candidates.append(
+            Candidate(
+                hit_tokens=bound,
+                prompt_tokens=len(prompt.tokens) if prompt is not None else 0,
+                in_flight=view.in_flight,
+                waiting=view.waiting,
+                kv_usage=view.kv_usage,
+                cached_blocks=view.index.num_blocks if view.index is not None else 0,
+            )
+        )
+    exact: dict[int, int] = {}
+
+    def exact_hit(i: int) -> int:
+        index = views[i].index
+        assert prompt is not None and index is not None
+        hit = index.usable_hit(prompt.request_for(index), _counts(prompt, holders, index))
+        exact[i] = max(hit, views[i].computing)
+        return exact[i]
+
+    if isinstance(policy, CacheAwarePolicy) and prompt is not None:
+        choice = policy.choose_lazy(candidates, exact_hit)
+    else:
+        choice = policy.choose(candidates)
+    return Scored(choice, exact.get(choice), candidates[choice].hit_tokens)
+
+
+def _counts(prompt: Prompt, holders: KeyHolders | None, index: EngineIndex) -> partial | None:
+    """The prompt's keys in the shared holders map (decode engines' bound and reuse)."""
+    return partial(prompt.counts, holders, index) if holders is not None else None
