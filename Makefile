@@ -30,7 +30,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) tools/check_layers.py .
-	$(PY) -m mypy  # [tool.mypy] in pyproject.toml: kvcache and engine strict, the rest basic
+	$(PY) -m mypy  # [tool.mypy] in pyproject.toml: the cache contract, engine, floor strict
 
 # Two xdist workers, each test file on one of them (module-scoped clusters start once); many
 # tests wait on subprocesses and sockets, so the second worker uses a core the first leaves

@@ -35,8 +35,8 @@ from relaykv.transfer.transport import (
     availability,
     get_transport,
 )
-from relaykv.transfer.transport.shm import SharedKVBuffer
-from relaykv.transfer.transport.standalone import StandalonePeer, seeded_buffer
+from relaykv.transfer.transport.planes.shm import SharedKVBuffer
+from relaykv.transfer.transport.serving.standalone import StandalonePeer, seeded_buffer
 
 PAGE_BYTES = 16 * 8 * 2 * 8 * 64 * 2  # tokens x layers x (K,V) x kv heads x head dim x fp16
 

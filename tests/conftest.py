@@ -24,7 +24,7 @@ import tempfile
 
 import pytest
 
-from relaykv.transfer.transport.auth import SECRET_ENV, write_secret_file
+from relaykv.transfer.transport.wire.auth import SECRET_ENV, write_secret_file
 from tests import exclusive, file_order
 
 # At import, not in pytest_configure: the conftests of the paths on the command line (torch

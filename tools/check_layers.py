@@ -16,9 +16,12 @@ from pathlib import Path
 
 # package -> packages of relaykv it may import (itself always allowed)
 ALLOWED = {
+    "common": set(),
     "kvcache": set(),
+    "cache_probe": {"kvcache"},
     "model": {"kvcache"},
     "engine": {"kvcache"},
+    "generate": {"kvcache", "model", "engine"},
     "distill": {"kvcache", "model", "engine"},
     "transfer": {"kvcache", "engine", "model"},
     "router": {"kvcache"},
@@ -27,7 +30,14 @@ ALLOWED = {
     "bench": set(),
     "sim": {"kvcache", "engine", "transfer", "router"},
 }
-FORBIDDEN_THIRD_PARTY = {"kvcache": {"torch"}}
+# The shared floor: every layer may import it, and it imports nothing of relaykv outside itself.
+FLOOR = "common"
+# Only the vLLM plugin (relaykv/vllm/) imports vllm; the cache contract, its probe and the
+# floor never import torch.
+PLUGIN = "vllm"
+FORBIDDEN_THIRD_PARTY = {layer: {"vllm"} for layer in ALLOWED}
+for _layer in ("kvcache", "cache_probe", FLOOR):
+    FORBIDDEN_THIRD_PARTY[_layer] = {"torch", "vllm"}
 
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -138,16 +148,25 @@ def main() -> int:
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg)
         layer = rel.parts[0] if len(rel.parts) > 1 else None
-        if layer not in ALLOWED:
+        if layer == PLUGIN:
             continue
+        # Modules at the package root (the CLI dispatcher, the demo) sit outside the layers;
+        # they may import any layer, never vllm.
+        forbidden = FORBIDDEN_THIRD_PARTY.get(layer, {"vllm"}) if layer else {"vllm"}
         for lineno, module in imported_modules(ast.parse(path.read_text(), str(path))):
             top, _, rest = module.partition(".")
             if top == "relaykv":
                 target = rest.split(".")[0]
-                if target and target != layer and target in ALLOWED and target not in ALLOWED[layer]:
+                if layer == FLOOR and target != FLOOR:
+                    problems.append(f"{path}:{lineno}: the floor imports relaykv.{target or ''}")
+                elif (
+                    layer in ALLOWED
+                    and target in ALLOWED
+                    and target not in (layer, FLOOR, *ALLOWED[layer])
+                ):
                     problems.append(f"{path}:{lineno}: {layer} imports relaykv.{target}")
-            elif top in FORBIDDEN_THIRD_PARTY.get(layer, ()):
-                problems.append(f"{path}:{lineno}: {layer} imports {top}")
+            elif top in forbidden:
+                problems.append(f"{path}:{lineno}: {layer or rel} imports {top}")
     for circle in import_circles(import_graph(pkg)):
         problems.append("import circle: " + " <-> ".join(circle))
     for line in problems:

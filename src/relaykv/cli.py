@@ -14,18 +14,18 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("relaykv.demo", "the showcase: cache-probe, then legacy vs per-group on P/D clusters"),
-    "cache-probe": ("relaykv.kvcache.probe_cli", "what will my hit be? the cache alone, no model"),
+    "cache-probe": ("relaykv.cache_probe.cli", "what will my hit be? the cache alone, no model"),
     "bench": ("relaykv.bench.cli", "bench serve: load generator; bench ab: A/B/A runs"),
     "probe": ("relaykv.bench.probe.cli", "P/D prefix-cache probe: x+a, x+b; decode hit counters"),
     "distill-draft": (
         "relaykv.distill.cli",
         "train an EAGLE draft for a model on its own greedy text (resumable)",
     ),
-    "generate": ("relaykv.serve.generate_cli", "offline generation (tiny-hybrid by default)"),
+    "generate": ("relaykv.generate.cli", "offline generation (tiny-hybrid by default)"),
     "router": ("relaykv.router.cli", "P/D router in front of prefill and decode engines"),
     "serve": ("relaykv.serve.cli", "OpenAI-compatible HTTP server (completions, chat, metrics)"),
     "up": ("relaykv.launch.cli", "a local P/D cluster: prefill + decode engines and a router"),
-    "tokenizer": ("relaykv.serve.tokenizer_cli", "tokenizer export: a HF tokenizer directory"),
+    "tokenizer": ("relaykv.model.text.tokenizer_cli", "tokenizer export: a HF tokenizer directory"),
     "sim": ("relaykv.sim.cli", "cluster simulator: the real scheduler and cache on a cost model"),
 }
 

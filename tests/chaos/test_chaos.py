@@ -118,7 +118,7 @@ def test_another_user_cannot_write_kv_or_use_the_transfer_port(cluster: UpCluste
     grant = _grant(cluster, PROMPTS[2])  # leaked to the attacker
     import msgspec
 
-    from relaykv.transfer.transport.shm import ShmRegistration
+    from relaykv.transfer.transport.planes.shm import ShmRegistration
 
     victim = next(n for n in shm if f"relaykv-{decode_pid}-" in n)
     report = attack_as_nobody({

@@ -97,7 +97,7 @@ def test_serve_with_an_api_key(sandbox: Sandbox) -> None:
     curl_cmd = KEYED.command("curl")
     (server,) = run_block(sandbox, KEYED, skip=("curl",))
     try:
-        argv = sandbox.run("ps -eo args").stdout  # the sandbox's own processes
+        argv = sandbox.run("ps -ww -eo args").stdout  # the sandbox's own; -ww: whole lines
         assert "relaykv serve --port 8001" in argv and "secret" not in argv, argv
         answer = json.loads(sandbox.run(curl_cmd.text).stdout)
         assert answer["usage"]["completion_tokens"] == 4

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import random
 
+from relaykv.common.messages.steps import SamplingParams
 from relaykv.engine.engine import EngineConfig, LLMEngine
 from relaykv.engine.scheduler import SchedulerConfig
 from relaykv.kvcache import Geometry, GroupSpec, assert_consistent
-from relaykv.steps import SamplingParams
 
 from .reference_executor import ReferenceExecutor
 

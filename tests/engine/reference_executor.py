@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from relaykv.common.messages.steps import SequenceOutput, StepBatch, StepOutput
 from relaykv.kvcache import Geometry, GroupSpec
-from relaykv.steps import SequenceOutput, StepBatch, StepOutput
 
 VOCAB = 101
 SLOT_BYTES = 8  # int32 token + int32 (position + 1); 0 marks an unwritten slot

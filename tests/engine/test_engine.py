@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from relaykv.common.messages.steps import InvalidRequest, SamplingParams
 from relaykv.kvcache import assert_consistent
-from relaykv.steps import InvalidRequest, SamplingParams
 
 from .conftest import HYBRID, HYBRID_DRAFT, drain, greedy, make_engine, prompt
 from .reference_executor import reference_generate

@@ -1,6 +1,6 @@
 """The engine on the real tiny-hybrid model (the reference-executor tests, for real).
 
-Reference: the model layer's own offline driver (`relaykv.model.offline.OfflineGenerator`:
+Reference: the model layer's own offline driver (`tests.model.offline.OfflineGenerator`:
 private blocks, no prefix cache, no preemption, no window freeing) run on each prompt
 alone. Greedy outputs of the engine - batched, chunked, cached, preempted, speculative - must
 equal it token for token. Kept small: tiny-hybrid runs at CPU speed.
@@ -36,7 +36,7 @@ _ALONE: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
 def alone(tiny, prompt: list[int], max_tokens: int) -> list[int]:
     """The reference output, computed once per (model, prompt, max_tokens): the k=0 and k=2
     cases share their prompts, and the offline driver runs at tiny-hybrid's CPU speed."""
-    from relaykv.model.offline import OfflineGenerator
+    from tests.model.offline import OfflineGenerator
 
     key = (id(tiny.model), tuple(prompt), max_tokens)
     if key not in _ALONE:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from relaykv.common.messages.steps import SamplingParams, SequenceOutput
 from relaykv.engine.request import FinishReason, Request
 from relaykv.engine.scheduler import Scheduler, SchedulerConfig
 from relaykv.kvcache import Geometry, GroupSpec, KVCacheManager, KVLoad, assert_consistent
-from relaykv.steps import SamplingParams, SequenceOutput
 
 GEO = Geometry((GroupSpec("full", 4), GroupSpec("sliding", 4, window=8)))
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from relaykv.common.messages.steps import SamplingParams, SequenceOutput
 from relaykv.engine.request import Request
 from relaykv.engine.scheduler import Scheduler, SchedulerConfig
 from relaykv.kvcache import Geometry, GroupSpec, KVCacheManager, assert_consistent
-from relaykv.steps import SamplingParams, SequenceOutput
 
 GEO = Geometry((GroupSpec("full", 4), GroupSpec("sliding", 4, window=8)))
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from relaykv.cache_probe.oracle import oracle_hit
 from relaykv.kvcache import (
     CacheRequest,
     CacheRole,
@@ -13,7 +14,6 @@ from relaykv.kvcache import (
     GroupSpec,
     KVCacheManager,
     assert_consistent,
-    oracle_hit,
 )
 
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from relaykv.cache_probe.probe import run_probe
 from relaykv.cli import main
 from relaykv.kvcache import Geometry, GroupSpec, KVCacheManager, parse_groups, rules_for
-from relaykv.kvcache.probe import run_probe
 
 from .conftest import Driver, tokens
 

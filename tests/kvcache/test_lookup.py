@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaykv.kvcache import KVCacheManager, find_longest_hit, oracle_hit
+from relaykv.cache_probe.oracle import oracle_hit
+from relaykv.kvcache import KVCacheManager, find_longest_hit
 
 from .conftest import Driver, geometry, tokens
 from .strategies import geometries, related_prompts

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from relaykv.cache_probe.probe import run_probe
 from relaykv.kvcache import PD_POLICIES, Geometry, GroupSpec, pd_plan, pd_slack_tokens, rules_for
-from relaykv.kvcache.probe import run_probe
 
 from .conftest import geometry
 from .strategies import geometries

@@ -11,12 +11,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from relaykv.cache_probe.oracle import oracle_hit
 from relaykv.kvcache import (
     PD_POLICIES,
     CacheRole,
     KVCacheManager,
     assert_consistent,
-    oracle_hit,
 )
 
 from .strategies import geometries

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from relaykv.serve.cpu_threads import colocated_engine_env
+from relaykv.serve.assembly.cpu_threads import colocated_engine_env
 
 
 @pytest.mark.slow

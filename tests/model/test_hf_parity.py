@@ -169,7 +169,7 @@ def test_windows_and_layer_types_are_read(checkpoint):
 
 def test_greedy_generation_matches_transformers_generate(checkpoint):
     _name, model, path = checkpoint
-    from relaykv.model.offline import OfflineGenerator
+    from tests.model.offline import OfflineGenerator
 
     prompt = random_tokens(30, VOCAB, seed=3)
     with torch.no_grad():

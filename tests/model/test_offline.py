@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from relaykv.model import ModelRunner, SamplingParams
-from relaykv.model.offline import OfflineGenerator
+from tests.model.offline import OfflineGenerator
 
 from .conftest import random_tokens
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from relaykv.model import GREEDY, ModelRunner, SamplingParams, SequenceWork, StepBatch, random_draft
-from relaykv.model.offline import OfflineGenerator
 from relaykv.model.sampling import probabilities
+from tests.model.offline import OfflineGenerator
 
 from .conftest import TableMaker, random_tokens
 

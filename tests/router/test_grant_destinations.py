@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from relaykv.router.relay import Router
-from relaykv.serve.kv_cache_info import install_kv_cache_info
+from relaykv.serve.api.kv_cache_info import install_kv_cache_info
 from tests.serve.harness import ServerThread
 
 from .test_fuzz_bodies import RouterThread, _served

@@ -11,11 +11,11 @@ import random
 import msgspec
 import pytest
 
+from relaykv.engine.kv_events import KVEventBatch, wire_event
 from relaykv.kvcache import CacheRole, KVCacheManager, KVEvent
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
-from relaykv.serve.kv_cache_info import geometry_json
-from relaykv.serve.kv_events import KVEventBatch, wire_event
+from relaykv.serve.api.kv_cache_info import geometry_json
 from tests.kvcache.conftest import Driver, geometry, tokens
 
 ENCODER = msgspec.msgpack.Encoder()

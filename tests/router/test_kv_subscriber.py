@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from relaykv.engine.kv_events import ZmqEventPublisher
+from relaykv.engine.kv_events_config import KVEventsConfig
 from relaykv.kvcache import KVEvent
 from relaykv.router.index import EngineIndex
 from relaykv.router.kv_subscriber import EventSubscriber
-from relaykv.serve.kv_events import ZmqEventPublisher
-from relaykv.serve.kv_events_config import KVEventsConfig
 from tests.kvcache.conftest import geometry
 
 GEO = geometry("full:16", "sliding:16:32")

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 
 from relaykv.model.loading.tokenizer import ByteTokenizer
 from relaykv.router.routing import Routing
-from relaykv.serve.kv_cache_info import byte_tokenizer_json
+from relaykv.serve.api.kv_cache_info import byte_tokenizer_json
 
 
 def test_byte_tokenizer_export_encodes_like_the_engine() -> None:

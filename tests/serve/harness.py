@@ -18,12 +18,12 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from relaykv.common.messages.steps import StepBatch, StepOutput, TokenLogprobs
 from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.serve import EngineOptions, ModelInfo, ServedEngine, assemble_engine
-from relaykv.serve.app import app_state, create_app
-from relaykv.serve.engine_factory import ConnectorFactory
-from relaykv.serve.server import DrainingServer
-from relaykv.steps import StepBatch, StepOutput, TokenLogprobs
+from relaykv.serve.api.app import app_state, create_app
+from relaykv.serve.api.server import DrainingServer
+from relaykv.serve.assembly.engine_factory import ConnectorFactory
 from tests.engine.reference_executor import VOCAB, ReferenceExecutor, with_slot_bytes
 
 HYBRID = Geometry((GroupSpec("full", 4), GroupSpec("sliding", 4, window=10)))

@@ -71,7 +71,7 @@ def _binary(name: str) -> str:
 
 
 # KV events come with issue 12 (`relaykv serve --kv-events-config`); older trees skip that test.
-KV_EVENTS = importlib.util.find_spec("relaykv.serve.kv_events_config") is not None
+KV_EVENTS = importlib.util.find_spec("relaykv.engine.kv_events_config") is not None
 
 
 def _events_args(port: int) -> list[str]:

@@ -1,13 +1,14 @@
-"""The cost-model executor honours the `relaykv.steps` contract and the acceptance rate."""
+"""The cost-model executor honours the step contract (`relaykv.common.messages.steps`) and
+the acceptance rate."""
 
 from __future__ import annotations
 
 import pytest
 
+from relaykv.common.messages.steps import SequenceWork, StepBatch
 from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HARDWARE
 from relaykv.sim.model_presets import model_spec
-from relaykv.steps import SequenceWork, StepBatch
 
 
 def _work(rid: str, start: int, n: int, sample: bool, drafts: list[int] = ()) -> SequenceWork:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaykv.common.messages.steps import SamplingParams
 from relaykv.engine.request import Request
 from relaykv.kvcache import CacheRole, Geometry, GroupSpec, KVCacheManager
-from relaykv.steps import SamplingParams
 from relaykv.transfer.connector import PDConnector
 from relaykv.transfer.transport import KVSourceDescriptor, PageLayout
 from tests.waiting import ManualClock

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relaykv.common.messages.steps import InvalidRequest, SamplingParams
 from relaykv.engine.async_engine import AsyncEngine, EngineDeadError
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.engine import EngineConfig, LLMEngine
@@ -9,7 +10,6 @@ from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics, Histogram
 from relaykv.engine.request import FinishReason, Request, RequestOutput, RequestState
 from relaykv.engine.scheduler import KV_LOAD_FAILURE_POLICIES, Scheduler, SchedulerConfig
-from relaykv.steps import InvalidRequest, SamplingParams
 
 __all__ = [
     "KV_LOAD_FAILURE_POLICIES",

@@ -17,9 +17,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from relaykv.common.messages.steps import InvalidRequest, SamplingParams
 from relaykv.engine.engine import LLMEngine
 from relaykv.engine.request import RequestOutput
-from relaykv.steps import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 

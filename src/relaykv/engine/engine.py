@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaykv.common.messages.steps import InvalidRequest, SamplingParams, StepBatch
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.detokenizer import Tokenizer, detokenize_new, find_stop
 from relaykv.engine.executor import Executor
@@ -27,7 +28,6 @@ from relaykv.kvcache import (
     Role,
     parse_retention,
 )
-from relaykv.steps import InvalidRequest, SamplingParams, StepBatch
 
 
 @dataclass(frozen=True, slots=True)

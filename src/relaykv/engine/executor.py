@@ -1,21 +1,22 @@
 """The boundary between the scheduler and whatever computes a step.
 
 The real engine plugs the model runner in (`relaykv.model.ModelRunner` satisfies this protocol
-structurally); the simulator plugs a cost model. The records exchanged are in `relaykv.steps`,
-a leaf module every layer may import, so the engine never imports the model layer.
+structurally); the simulator plugs a cost model. The records exchanged are in
+`relaykv.common.messages.steps`, on the shared floor every layer may import, so the engine
+never imports the model layer.
 
 Contract: `execute` receives every scheduled sequence of one step and returns one
 `SequenceOutput` per sequence, in order. Which KV positions it writes (and therefore what the
-scheduler must allocate and may roll back) is specified in `relaykv.steps`. It must be
-deterministic for greedy sampling and must not keep per-request state beyond a step.
+scheduler must allocate and may roll back) is specified in `relaykv.common.messages.steps`.
+It must be deterministic for greedy sampling and must not keep per-request state beyond a step.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from relaykv.common.messages.steps import StepBatch, StepOutput
 from relaykv.kvcache import Geometry
-from relaykv.steps import StepBatch, StepOutput
 
 
 class Executor(Protocol):

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
 
+from relaykv.common.messages.steps import SamplingParams, TokenLogprobs
 from relaykv.kvcache import CacheRequest
-from relaykv.steps import SamplingParams, TokenLogprobs
 
 
 class RequestState(Enum):

@@ -8,9 +8,9 @@ fit under the per-group caps). When a running request cannot get blocks, the mos
 admitted running request is preempted by recompute (its blocks return to the pool; its hashes
 stay, so it resumes from its own cached prefix).
 
-Token accounting follows `relaykv.steps`: a sampling entry commits `n + a` positions (its
-tokens and the accepted drafts); rejected drafts are rolled back simply by not counting them,
-and sliding-window frees only ever use committed (processed) positions (§6).
+Token accounting follows `relaykv.common.messages.steps`: a sampling entry commits `n + a`
+positions (its tokens and the accepted drafts); rejected drafts are rolled back simply by not
+counting them, and sliding-window frees only ever use committed (processed) positions (§6).
 
 The cache side of every request goes through the lifecycle of `KVCacheManager` (docs/design.md
 §10): `add_request` on arrival, `admit` / `reserve` / `commit` / `preempt` while it runs here,
@@ -31,12 +31,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from relaykv.common.messages.steps import SequenceOutput, SequenceWork
 from relaykv.engine.connector import KVConnector
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
 from relaykv.engine.scheduler_check import scheduler_problems
 from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
-from relaykv.steps import SequenceOutput, SequenceWork
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 

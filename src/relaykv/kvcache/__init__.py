@@ -23,7 +23,6 @@ from relaykv.kvcache.hashing import TokenHashes, chain_hashes
 from relaykv.kvcache.invariants import assert_consistent, check_manager
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.manager import Admission, KVCacheManager
-from relaykv.kvcache.oracle import oracle_hit
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
 from relaykv.kvcache.pd_plan import PDPlan, pd_plan, pd_slack_tokens
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, KVEvent
@@ -67,7 +66,6 @@ __all__ = [
     "chain_hashes",
     "check_manager",
     "find_longest_hit",
-    "oracle_hit",
     "parse_groups",
     "parse_retention",
     "pd_plan",

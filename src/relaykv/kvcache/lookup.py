@@ -6,7 +6,7 @@ they are looked up once; the others (sliding, chunked) are not, so each is asked
 largest valid point below the current candidate and the groups are intersected until the
 candidate stops shrinking. Every step keeps the true answer r* below the candidate (each
 group's answer is >= r* whenever the candidate is), and a fixed point is valid in every
-group, so the result equals r*: the brute-force oracle (`relaykv.kvcache.oracle`) checks
+group, so the result equals r*: the brute-force oracle (`relaykv.cache_probe.oracle`) checks
 this on random inputs.
 """
 

@@ -21,12 +21,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from relaykv.common.plumbing.secret_files import API_KEY_ENV, PrivateFileError, resolve_api_key
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
-from relaykv.private_files import API_KEY_ENV, PrivateFileError, resolve_api_key
-from relaykv.serve.cpu_threads import colocated_engine_env, positive_threads
-from relaykv.serve.options import DEFAULT_PD_POLICY, PD_POLICIES
-from relaykv.serve.pd_wiring import (
+from relaykv.serve.assembly.cpu_threads import colocated_engine_env, positive_threads
+from relaykv.serve.assembly.options import DEFAULT_PD_POLICY, PD_POLICIES
+from relaykv.serve.assembly.pd_wiring import (
     KV_SECRET_ENV,
     clean_stale_shared_memory,
     load_kv_secret,
@@ -120,7 +120,8 @@ def _run_cluster(
               "--kv-transport", args.kv_transport, *engine_extra]
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
-    # Co-located engines must not spin OpenMP workers on each other's cores (cpu_threads.py).
+    # Co-located engines must not spin OpenMP workers on each other's cores
+    # (serve/assembly/cpu_threads.py).
     env = {**colocated_engine_env(os.environ), **env}
     cluster = Cluster(
         engine_args=common,

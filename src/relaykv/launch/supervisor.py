@@ -8,7 +8,7 @@ member that dies more than `max_restarts` times within `window_s` seconds is cra
 `poll()` then returns why, and `up` stops the cluster and exits 1 (docs/pd.md, "Failures").
 
 After any death, shared-memory files whose creator is gone are removed (`on_death`, e.g.
-relaykv.serve.pd_wiring.clean_stale_shared_memory): a decode engine killed with SIGKILL
+relaykv.serve.assembly.pd_wiring.clean_stale_shared_memory): a decode engine killed with SIGKILL
 leaves its whole KV pool file in /dev/shm otherwise.
 """
 

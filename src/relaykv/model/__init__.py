@@ -5,6 +5,16 @@ May import torch and `relaykv.kvcache` geometry only (docs/architecture.md).
 
 from __future__ import annotations
 
+from relaykv.common.messages.steps import (
+    GREEDY,
+    SamplingParams,
+    SequenceOutput,
+    SequenceWork,
+    SpeculativeStats,
+    StepBatch,
+    StepOutput,
+    TokenLogprobs,
+)
 from relaykv.model.config import ModelConfig, from_hf_dict, to_hf_dict
 from relaykv.model.drafts import NoDefaultDraft, default_draft, has_default_draft
 from relaykv.model.eagle import (
@@ -18,16 +28,6 @@ from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.loading import LoadedModel, PackageNotInstalled, is_installed, load_model
 from relaykv.model.runner import ModelRunner
 from relaykv.model.transformer import CausalLM
-from relaykv.steps import (
-    GREEDY,
-    SamplingParams,
-    SequenceOutput,
-    SequenceWork,
-    SpeculativeStats,
-    StepBatch,
-    StepOutput,
-    TokenLogprobs,
-)
 
 __all__ = [
     "GREEDY",

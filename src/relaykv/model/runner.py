@@ -4,7 +4,7 @@ A step is one target forward over every sequence's tokens (prefill chunks, decod
 and verification windows flattened together: projections and MLPs are one matmul each),
 logits for the rows that sample only, verification, then, with an EAGLE draft, the
 draft passes that write the draft KV and propose the next step's tokens. Which KV
-positions are written is specified in `relaykv.steps` (the engine's rollback
+positions are written is specified in `relaykv.common.messages.steps` (the engine's rollback
 depends on it). The runner keeps no per-request state: sampling randomness is derived
 from (seed, token index), so there is nothing to free when a request ends.
 """
@@ -15,6 +15,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from relaykv.common.messages.steps import (
+    SequenceOutput,
+    SequenceWork,
+    SpeculativeStats,
+    StepBatch,
+    StepOutput,
+)
 from relaykv.kvcache.geometry import Geometry
 from relaykv.model.attention.backend import AttentionBackend, TorchPagedAttention
 from relaykv.model.attention.plan import GroupPlan, QueryRun, build_group_plan
@@ -25,13 +32,6 @@ from relaykv.model.kv_pages import KVPageStore
 from relaykv.model.sampling import GeneratorSource, token_logprobs
 from relaykv.model.speculative import verify
 from relaykv.model.transformer import CausalLM
-from relaykv.steps import (
-    SequenceOutput,
-    SequenceWork,
-    SpeculativeStats,
-    StepBatch,
-    StepOutput,
-)
 
 HiddenObserver = Callable[[Sequence[SequenceWork], Sequence[int], torch.Tensor], None]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from relaykv.steps import SamplingParams, TokenLogprobs
+from relaykv.common.messages.steps import SamplingParams, TokenLogprobs
 
 _MASK64 = (1 << 64) - 1
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from relaykv.common.messages.steps import SamplingParams
 from relaykv.model.sampling import GeneratorSource, probabilities, sample_from
-from relaykv.steps import SamplingParams
 
 
 def verify(

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from relaykv.steps import SequenceWork, StepBatch
+from relaykv.common.messages.steps import SequenceWork, StepBatch
 
 
 def _runner(model: str, k: int, num_blocks: int) -> Any:

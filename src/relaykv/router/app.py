@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from relaykv.api_errors import install_error_handlers
+from relaykv.common.messages.api_errors import install_error_handlers
 from relaykv.router.engine_calls import relayed, unavailable
 from relaykv.router.metrics import CountResponses, router_registry
 from relaykv.router.relay import Router, forward_headers

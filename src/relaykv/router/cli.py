@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from relaykv.private_files import PrivateFileError, resolve_api_key
+from relaykv.common.plumbing.secret_files import PrivateFileError, resolve_api_key
 from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
 from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights

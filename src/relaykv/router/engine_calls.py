@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from relaykv.api_errors import error_body
+from relaykv.common.messages.api_errors import error_body
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.metrics import RouterStats
 

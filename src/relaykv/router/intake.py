@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import Request
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 

@@ -30,7 +30,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from relaykv.api_errors import APIError
+from relaykv.common.messages.api_errors import APIError
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.destinations import destination_id, refused_grant
 from relaykv.router.disconnect import ClientGone, unless_disconnected

@@ -16,7 +16,7 @@ import logging
 import uvicorn
 from fastapi import FastAPI
 
-from relaykv.graceful import GracefulServer, header_timeout_protocol
+from relaykv.common.plumbing.graceful import GracefulServer, header_timeout_protocol
 from relaykv.router.relay import Router
 
 log = logging.getLogger("relaykv.router")

@@ -7,33 +7,33 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from relaykv.private_files import (
+from relaykv.common.plumbing.secret_files import (
     API_KEY_ENV,
     API_KEY_FILE_ENV,
     PrivateFileError,
     resolve_api_key,
 )
-from relaykv.serve import sglang_bootstrap
-from relaykv.serve.cpu_threads import (
+from relaykv.engine.kv_events_config import KVEventsConfigError, parse_kv_events_config
+from relaykv.serve.assembly.cpu_threads import (
     OMP_ENV,
     WAIT_POLICY_ENV,
     apply_torch_threads,
     positive_threads,
 )
-from relaykv.serve.kv_events_config import KVEventsConfigError, parse_kv_events_config
-from relaykv.serve.options import (
+from relaykv.serve.assembly.options import (
     OptionError,
     add_engine_arguments,
     add_pd_arguments,
     engine_options,
 )
+from relaykv.serve.sglang import bootstrap as sglang_bootstrap
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from relaykv.serve.engine_factory import ServedEngine
-    from relaykv.serve.kv_events import ZmqEventPublisher as Publisher
-    from relaykv.serve.kv_events_config import KVEventsConfig
+    from relaykv.engine.kv_events import ZmqEventPublisher as Publisher
+    from relaykv.engine.kv_events_config import KVEventsConfig
+    from relaykv.serve.assembly.engine_factory import ServedEngine
 
 log = logging.getLogger("relaykv.serve")
 
@@ -112,10 +112,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     except ValueError as exc:  # the --sglang-bootstrap flags
         parser.error(str(exc))
-    from relaykv.serve.app import create_app
-    from relaykv.serve.engine_factory import build_engine
-    from relaykv.serve.pd_wiring import connector_factory, kv_buffer_factory
-    from relaykv.serve.server import serve_app
+    from relaykv.serve.api.app import create_app
+    from relaykv.serve.api.server import serve_app
+    from relaykv.serve.assembly.engine_factory import build_engine
+    from relaykv.serve.assembly.pd_wiring import connector_factory, kv_buffer_factory
 
     apply_torch_threads(args.torch_threads)
     try:
@@ -155,8 +155,8 @@ def _torch_threads() -> int:
 
 def start_kv_events(served: ServedEngine, config: KVEventsConfig, app: FastAPI) -> Publisher | None:
     """Publish the engine's KV events when configured; serve `/v1/kv_cache_info` always."""
-    from relaykv.serve.kv_cache_info import install_kv_cache_info
-    from relaykv.serve.kv_events import ZmqEventPublisher
+    from relaykv.engine.kv_events import ZmqEventPublisher
+    from relaykv.serve.api.kv_cache_info import install_kv_cache_info
 
     publisher = None
     if config.active:

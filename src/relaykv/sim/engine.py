@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from relaykv.common.messages.steps import StepBatch, StepOutput
 from relaykv.engine import EngineConfig, LLMEngine, Request, SamplingParams
 from relaykv.engine.scheduler import ScheduledSequence
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.executor import CostModelExecutor
-from relaykv.steps import StepBatch, StepOutput
 from relaykv.transfer.connector import PDConnector
 
 # (engine, request, new tokens): called for every request a step advanced or finished.

@@ -1,7 +1,7 @@
 """The cost-model `Executor`: returns a step's tokens at once and its modelled duration.
 
 It satisfies `relaykv.engine.executor.Executor`, so the real scheduler drives it exactly as
-it drives the model runner. Per sequence (the position contract of `relaykv.steps`):
+it drives the model runner. Per sequence (the position contract of `relaykv.common.messages.steps`):
 
 * a non-sampling prefill chunk produces nothing;
 * a sampling entry with d drafts accepts `a` of them and returns a + 1 tokens; `a` follows
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 
+from relaykv.common.messages.steps import SequenceOutput, StepBatch, StepOutput
 from relaykv.kvcache import Geometry
 from relaykv.sim.cost_model import SeqShape, StepCost, step_cost
 from relaykv.sim.hardware import HardwareSpec
 from relaykv.sim.models import ModelSpec
-from relaykv.steps import SequenceOutput, StepBatch, StepOutput
 
 
 class CostModelExecutor:

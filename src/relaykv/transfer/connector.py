@@ -42,7 +42,7 @@ from relaykv.transfer.transport import (
     TransferHandle,
     TransportOptions,
 )
-from relaykv.transfer.transport.auth import default_secret
+from relaykv.transfer.transport.wire.auth import default_secret
 
 log = logging.getLogger(__name__)
 

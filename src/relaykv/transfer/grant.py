@@ -1,13 +1,14 @@
 """Signed grants: the transfer parameters P returns, bound to the prompt P computed.
 
-P signs (HMAC-SHA256 under the grant key derived from the cluster secret, auth.py) the
-parameters that tell D what to read: the request id, P's engine id and endpoint, the block
-ids per group, the exact block hashes of the prompt P computed for those blocks, the prompt
-length, the policy, the destination engine if the request named one, and an expiry. D
-refuses parameters that are unsigned, altered, expired, meant for another engine, or whose
-hashes differ from the hashes D computes over the prompt it was given: KV computed for one
-prompt can never be published under another prompt's hashes (docs/security.md; KV cache
-poisoning, issue #10 item 2). The refusal is a 400 before anything is allocated or read.
+P signs (HMAC-SHA256 under the grant key derived from the cluster secret,
+transport/wire/auth.py) the parameters that tell D what to read: the request id, P's engine
+id and endpoint, the block ids per group, the exact block hashes of the prompt P computed
+for those blocks, the prompt length, the policy, the destination engine if the request named
+one, and an expiry. D refuses parameters that are unsigned, altered, expired, meant for
+another engine, or whose hashes differ from the hashes D computes over the prompt it was
+given: KV computed for one prompt can never be published under another prompt's hashes
+(docs/security.md; KV cache poisoning, issue #10 item 2). The refusal is a 400 before
+anything is allocated or read.
 
 The hash of block k of group g is the group's block key (docs/kvcache.md: chained over the
 prompt and the cache salt) when block k is full, else a digest of the whole prompt, so the
@@ -27,7 +28,7 @@ import xxhash
 
 from relaykv.kvcache import CacheRequest, KVCacheManager
 from relaykv.kvcache.hashing import salt_prefix, token_bytes
-from relaykv.transfer.transport.auth import derive_key
+from relaykv.transfer.transport.wire.auth import derive_key
 
 SIGNATURE_KEY = "grant_signature"
 SIGNED_KEYS = (

@@ -1,7 +1,11 @@
 """KV transports of the P/D transfer: how pages move (the connector decides which).
 
-Start with `base.py` (the contract and its safety rules) and `registry.py` (names and
-CLI flags). Usage (see docs/transports.md):
+The contract sits here: `base.py` (what every transport provides, and its safety rules),
+`errors.py`, `descriptor.py` (where P's blocks are), `layout.py` (page addressing) and
+`registry.py` (names and CLI flags). The rooms below it: `serving/` (the serving side, P),
+`reading/` (the reading side, D), `planes/` (data planes: shm, tcp, nixl, mooncake) and
+`wire/` (control messages, sockets, the cluster secret, page digests).
+Usage (see docs/transports.md):
 
     transport = get_transport("shm")
     server = transport.create_server(p_buffer, layout, engine_id="P0")      # on P
@@ -15,7 +19,6 @@ CLI flags). Usage (see docs/transports.md):
 from __future__ import annotations
 
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
-from relaykv.transfer.transport.client import TransferClient, TransferHandle, TransferResult
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.errors import (
     IntegrityError,
@@ -28,8 +31,8 @@ from relaykv.transfer.transport.errors import (
     TransferTimeout,
     TransportUnavailable,
 )
-from relaykv.transfer.transport.faults import FaultPlan
 from relaykv.transfer.transport.layout import PageCopy, PageLayout, page_copies
+from relaykv.transfer.transport.reading.client import TransferClient, TransferHandle, TransferResult
 from relaykv.transfer.transport.registry import (
     DEFAULT_TRANSPORT,
     TRANSPORT_NAMES,
@@ -38,7 +41,8 @@ from relaykv.transfer.transport.registry import (
     get_transport,
     options_from_args,
 )
-from relaykv.transfer.transport.server import ServeEvent, TransferServer
+from relaykv.transfer.transport.serving.faults import FaultPlan
+from relaykv.transfer.transport.serving.server import ServeEvent, TransferServer
 
 __all__ = [
     "DEFAULT_TRANSPORT",

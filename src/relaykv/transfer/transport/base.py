@@ -26,7 +26,8 @@ Safety rules (every transport; tests/transfer/ checks each):
    so P may reuse the blocks right after.
 5. Control messages are msgspec structs over ZeroMQ; nothing is pickled. Sockets bind
    127.0.0.1 unless a host is given. Every message carries an HMAC under the cluster
-   secret (auth.py); P writes only into memory its reader registered (registrations.py).
+   secret (wire/auth.py); P writes only into memory its reader registered
+   (serving/registrations.py).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from typing import Any, ClassVar
 
 import zmq
 
-from relaykv.transfer.transport.client import TransferClient
 from relaykv.transfer.transport.errors import TransportUnavailable
 from relaykv.transfer.transport.layout import PageLayout, as_page_array
-from relaykv.transfer.transport.planes import ReceiverPlane, SenderPlane
-from relaykv.transfer.transport.server import TransferServer
+from relaykv.transfer.transport.planes.base import ReceiverPlane, SenderPlane
+from relaykv.transfer.transport.reading.client import TransferClient
+from relaykv.transfer.transport.serving.server import TransferServer
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ class TransportOptions:
     window: int = 4
     staging_bytes: int = 64 << 20
     link_gbps: float | None = None
-    # The cluster secret (auth.py); None: $RELAYKV_KV_SECRET_FILE's, else this process's own.
+    # The cluster secret (wire/auth.py); None: $RELAYKV_KV_SECRET_FILE's, else this process's own.
     secret: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -6,18 +6,18 @@ import argparse
 import importlib
 import os
 
-from relaykv.transfer.transport.auth import SECRET_ENV, SecretError, load_secret_file
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
+from relaykv.transfer.transport.wire.auth import SECRET_ENV, SecretError, load_secret_file
 
 DEFAULT_TRANSPORT = "shm"
 
 # name -> "module:Class"; imported on use so a missing optional library (nixl, mooncake)
 # never breaks the others.
 _TRANSPORTS: dict[str, str] = {
-    "shm": "relaykv.transfer.transport.shm:ShmTransport",
-    "tcp": "relaykv.transfer.transport.tcp:TcpTransport",
-    "nixl": "relaykv.transfer.transport.nixl:NixlTransport",
-    "mooncake": "relaykv.transfer.transport.mooncake:MooncakeTransport",
+    "shm": "relaykv.transfer.transport.planes.shm:ShmTransport",
+    "tcp": "relaykv.transfer.transport.planes.tcp:TcpTransport",
+    "nixl": "relaykv.transfer.transport.planes.nixl:NixlTransport",
+    "mooncake": "relaykv.transfer.transport.planes.mooncake:MooncakeTransport",
 }
 TRANSPORT_NAMES: tuple[str, ...] = tuple(_TRANSPORTS)
 
@@ -112,7 +112,7 @@ def options_from_args(args: argparse.Namespace) -> TransportOptions:
         except SecretError as exc:
             raise ValueError(f"--kv-secret-file is unusable: {exc}") from None
     else:
-        secret = None  # this process's own (library and test use; see auth.py)
+        secret = None  # this process's own (library and test use; see wire/auth.py)
     return TransportOptions(
         secret=secret,
         link_gbps=link,

@@ -1,0 +1,239 @@
+"""The KV event publisher: the pool's events on vLLM's wire format (docs/kv-events.md).
+
+The cache manager calls `sink(event)` from the engine thread for every change to what the
+pool can serve; the sink turns it into a vLLM event (one event per group, tagged with the
+group's index and kind) and queues it. A publisher thread gathers what is queued into one
+`KVEventBatch` `[ts, events, data_parallel_rank]`, numbers it, sends the multipart message
+`(topic, 8-byte big-endian sequence number, msgpack payload)` on a ZMQ PUB socket and keeps
+the last `buffer_steps` batches for the replay ROUTER socket, which answers a request
+`(identity, b"", start_seq)` with every kept batch from `start_seq` on, then `(-1, b"")`,
+exactly as vLLM's `ZmqEventPublisher` does.
+
+Ordering and loss: events are numbered in the order the pool emitted them; nothing is dropped
+before it is numbered (when `max_queue_size` events wait, the engine thread waits), so a gap
+in sequence numbers can only come from the PUB socket's high-water mark or the network, and
+replay fills it while the batch is still buffered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import zmq
+
+from relaykv.engine.kv_events_config import KVEventsConfig, binds, loopback_default
+from relaykv.kvcache import Geometry, KVEvent
+
+log = logging.getLogger("relaykv.serve")
+
+MEDIUM_GPU = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+# The publisher thread sleeps until the engine queues an event (`sink` wakes it) or _IDLE_S
+# passes (how long a replay request can wait on an idle engine); after a wake-up it lets
+# _BATCH_S of a step's events gather so they go out as one batch. An idle engine no longer
+# polls at 500 Hz (several % of a core per engine on a shared host).
+_IDLE_S = 0.05
+_BATCH_S = 0.002
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base of the tagged events (`{"type": "BlockStored", ...}` on the wire)."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[bytes]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(EventBatch):
+    events: list[WireEvent]
+
+
+# relaykv group kind -> vLLM's `kv_cache_spec_kind`
+VLLM_SPEC_KIND = {
+    "full": "full_attention",
+    "sliding": "sliding_window",
+    "chunked": "chunked_local_attention",
+}
+
+
+def spec_kind(geometry: Geometry, group: int) -> tuple[str, int | None]:
+    """vLLM's `kv_cache_spec_kind` and sliding window of a group."""
+    spec = geometry.groups[group]
+    return VLLM_SPEC_KIND[spec.kind], spec.window
+
+
+def wire_event(event: KVEvent, geometry: Geometry) -> WireEvent:
+    """One pool event as one vLLM event (a pool event never spans groups)."""
+    if event.kind == "stored":
+        kind, window = spec_kind(geometry, event.group)
+        return BlockStored(
+            block_hashes=list(event.keys),
+            parent_block_hash=event.parent,
+            token_ids=list(event.token_ids),
+            block_size=geometry.groups[event.group].block_size,
+            lora_id=None,
+            medium=MEDIUM_GPU,
+            lora_name=None,
+            group_idx=event.group,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
+        )
+    if event.kind == "removed":
+        return BlockRemoved(block_hashes=list(event.keys), medium=MEDIUM_GPU, group_idx=event.group)
+    return AllBlocksCleared()
+
+
+class ZmqEventPublisher:
+    """PUB + replay ROUTER publisher with an in-memory replay buffer (see module docstring)."""
+
+    def __init__(self, config: KVEventsConfig, geometry: Geometry, dp_rank: int = 0) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.dp_rank = dp_rank
+        self.published = 0  # batches sent (the next sequence number)
+        self._pending: deque[WireEvent] = deque()
+        self._room = threading.Condition()
+        self._wakeup = threading.Event()
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._topic = config.topic.encode()
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self.endpoint = self._open(self._pub, config.endpoint)
+        self._replay: zmq.Socket[bytes] | None = None
+        self.replay_endpoint: str | None = None
+        if config.replay_endpoint:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self.replay_endpoint = self._open(self._replay, config.replay_endpoint, bind=True)
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="kv-events")
+        self._thread.start()
+
+    @staticmethod
+    def _open(sock: zmq.Socket[bytes], endpoint: str, bind: bool | None = None) -> str:
+        if bind is None:
+            bind = binds(endpoint)  # decided on the endpoint as given (vLLM's rule)
+        endpoint = loopback_default(endpoint)
+        if bind:
+            sock.bind(endpoint)
+            last = sock.getsockopt(zmq.LAST_ENDPOINT)
+            return last.decode() if isinstance(last, bytes) else str(last)
+        sock.connect(endpoint)
+        return endpoint
+
+    # -- engine thread ---------------------------------------------------------------
+    def sink(self, event: KVEvent) -> None:
+        """The cache manager's event sink (engine thread): queue the wire event."""
+        wire = wire_event(event, self.geometry)
+        if len(self._pending) >= self.config.max_queue_size:
+            with self._room:
+                while len(self._pending) >= self.config.max_queue_size and self._running:
+                    self._room.wait(0.1)
+        self._pending.append(wire)
+        if not self._wakeup.is_set():  # is_set takes no lock; set() does
+            self._wakeup.set()
+
+    # -- publisher thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while True:
+            self._wakeup.clear()  # before looking: an event queued from here on wakes the wait
+            if self._replay is not None and self._replay.poll(0):
+                with contextlib.suppress(zmq.ZMQError):
+                    self._serve_replay()
+            events = self._take()
+            if events:
+                batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
+                payload = encoder.encode(batch)
+                seq = self.published
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                self._buffer.append((seq, payload))
+                self.published = seq + 1
+            elif not self._running:
+                return
+            elif self._wakeup.wait(_IDLE_S):
+                time.sleep(_BATCH_S)
+
+    def _take(self) -> list[WireEvent]:
+        out: list[WireEvent] = []
+        pending = self._pending
+        while pending and len(out) < 4096:
+            out.append(pending.popleft())
+        if out:
+            with self._room:
+                self._room.notify_all()
+        return out
+
+    def _serve_replay(self) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            log.warning("kv events: ignoring a malformed replay request (%d frames)", len(frames))
+            return
+        client, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start_seq:
+                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "replay_endpoint": self.replay_endpoint,
+            "topic": self.config.topic,
+            "published": self.published,
+        }
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Publish what is queued (an `AllBlocksCleared` last: the cache goes away), stop."""
+        if not self._running:
+            return
+        self._pending.append(AllBlocksCleared())
+        self._running = False
+        self._wakeup.set()
+        with self._room:
+            self._room.notify_all()
+        self._thread.join(timeout)
+        self._pub.close(0)
+        if self._replay is not None:
+            self._replay.close(0)
+        self._ctx.term()

@@ -1,0 +1,2 @@
+"""`relaykv generate`: offline generation from the command line, over the engine and a
+model in one process (no server)."""
