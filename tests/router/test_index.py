@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import random
 
-import msgspec
 import pytest
 
-from relaykv.engine.kv_events import KVEventBatch, wire_event
+from relaykv.common.messages.kv_events import KVEventBatch, batch_encoder
+from relaykv.engine.kv_events import wire_event
 from relaykv.kvcache import CacheRole, KVCacheManager, KVEvent
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex, geometry_from_json
 from relaykv.serve.api.kv_cache_info import geometry_json
 from tests.kvcache.conftest import Driver, geometry, tokens
 
-ENCODER = msgspec.msgpack.Encoder()
+ENCODER = batch_encoder()
 
 
 def _payload(events: list[KVEvent], geo) -> bytes:  # type: ignore[no-untyped-def]
@@ -134,7 +134,6 @@ def test_holders_bits_follow_every_engines_events() -> None:
                 assert held == set(index.maps[group]), step
     indexes[0].close()
     assert all(not mask & (1 << 0) for gmap in holders.maps for mask in gmap.values())
-
 
 def test_geometry_round_trip_and_errors() -> None:
     geo = geometry("full:16", "sliding:16:128", draft=1)

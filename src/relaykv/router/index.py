@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from relaykv.common.messages.kv_events import AllBlocksCleared, BlockStored, decode_batch
 from relaykv.kvcache import (
     DEFAULT_PD_POLICY,
     CacheRequest,
@@ -50,42 +51,6 @@ from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.router.holders import KeyHolders, PromptCounts
 
-
-class _Event(msgspec.Struct, tag=True):
-    pass
-
-
-class BlockStored(_Event):
-    block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None = None
-    token_ids: list[int] = []
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(_Event):
-    block_hashes: list[bytes | int]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(_Event):
-    pass
-
-
-class _Batch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-_DECODER = msgspec.msgpack.Decoder(_Batch)
 _HELD = 1  # the index does not know block ids; lookups only test membership
 _BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
 
@@ -173,7 +138,7 @@ class EngineIndex:
 
     def apply(self, payload: bytes) -> None:
         try:
-            batch = _DECODER.decode(payload)
+            batch = decode_batch(payload)
         except msgspec.DecodeError:
             self.events_dropped += 1
             return

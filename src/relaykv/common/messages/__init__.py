@@ -1,2 +1,3 @@
 """Records that cross a layer or process boundary, written once: the step records between
-a scheduler and an executor (`steps`) and the OpenAI-style error body (`api_errors`)."""
+a scheduler and an executor (`steps`), the OpenAI-style error body (`api_errors`), the
+KV-event wire schema an engine publishes and a router reads (`kv_events`)."""
