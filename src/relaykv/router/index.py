@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -35,7 +34,6 @@ from relaykv.kvcache import (
     CacheRequest,
     CacheRole,
     Geometry,
-    GroupSpec,
     PDPolicy,
     pd_plan,
     rules_for,
@@ -53,26 +51,6 @@ from relaykv.router.holders import KeyHolders, PromptCounts
 
 _HELD = 1  # the index does not know block ids; lookups only test membership
 _BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
-
-
-def geometry_from_json(raw: dict[str, Any]) -> Geometry:
-    """The engine's geometry from `/v1/kv_cache_info` (raises ValueError when malformed)."""
-    try:
-        groups = tuple(
-            GroupSpec(
-                g["kind"],
-                int(g["block_size"]),
-                g.get("window"),
-                bool(g.get("draft")),
-                chunk=g.get("chunk"),
-            )
-            for g in raw["groups"]
-        )
-        return Geometry(
-            groups, eagle=bool(raw.get("eagle")), eagle_reuse=raw.get("eagle_reuse", "drop")
-        )
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed geometry: {exc}") from None
 
 
 @dataclass(eq=False)
