@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import random
 
-import msgspec
 import pytest
 
-from relaykv.engine.kv_events import KVEventBatch, wire_event
-from relaykv.kvcache import CacheRole, KVCacheManager, KVEvent
+from relaykv.common.messages.geometry_json import geometry_json, parse_geometry_json
+from relaykv.common.messages.kv_events import KVEventBatch, batch_encoder
+from relaykv.engine.kv_events import wire_event
+from relaykv.kvcache import CacheRole, Geometry, GroupSpec, KVCacheManager, KVEvent
 from relaykv.router.holders import KeyHolders
-from relaykv.router.index import EngineIndex, geometry_from_json
-from relaykv.serve.api.kv_cache_info import geometry_json
+from relaykv.router.index import EngineIndex
 from tests.kvcache.conftest import Driver, geometry, tokens
 
-ENCODER = msgspec.msgpack.Encoder()
+ENCODER = batch_encoder()
 
 
 def _payload(events: list[KVEvent], geo) -> bytes:  # type: ignore[no-untyped-def]
@@ -28,7 +28,8 @@ def _payload(events: list[KVEvent], geo) -> bytes:  # type: ignore[no-untyped-de
 
 
 def _mirror(manager: KVCacheManager, role: str = "colocated", policy: str = "per-group"):  # type: ignore[no-untyped-def]
-    index = EngineIndex(geometry_from_json(geometry_json(manager.geometry)), role, policy)
+    served = geometry_json(manager.geometry)  # what the engine's /v1/kv_cache_info says
+    index = EngineIndex(parse_geometry_json(served, GroupSpec, Geometry), role, policy)
     seq = iter(range(1 << 30))
 
     def sink(event: KVEvent) -> None:
@@ -135,9 +136,3 @@ def test_holders_bits_follow_every_engines_events() -> None:
     indexes[0].close()
     assert all(not mask & (1 << 0) for gmap in holders.maps for mask in gmap.values())
 
-
-def test_geometry_round_trip_and_errors() -> None:
-    geo = geometry("full:16", "sliding:16:128", draft=1)
-    assert geometry_from_json(geometry_json(geo)) == geo
-    with pytest.raises(ValueError, match="malformed"):
-        geometry_from_json({"groups": [{"kind": "full"}]})

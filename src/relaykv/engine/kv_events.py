@@ -7,7 +7,8 @@ group's index and kind) and queues it. A publisher thread gathers what is queued
 `(topic, 8-byte big-endian sequence number, msgpack payload)` on a ZMQ PUB socket and keeps
 the last `buffer_steps` batches for the replay ROUTER socket, which answers a request
 `(identity, b"", start_seq)` with every kept batch from `start_seq` on, then `(-1, b"")`,
-exactly as vLLM's `ZmqEventPublisher` does.
+exactly as vLLM's `ZmqEventPublisher` does. The records and frames are the floor's
+(`relaykv.common.messages.kv_events`), which the router decodes with.
 
 Ordering and loss: events are numbered in the order the pool emitted them; nothing is dropped
 before it is numbered (when `max_queue_size` events wait, the engine thread waits), so a gap
@@ -24,71 +25,33 @@ import time
 from collections import deque
 from typing import Any
 
-import msgspec
 import zmq
 
+from relaykv.common.messages.kv_events import (
+    END_SEQ,
+    MEDIUM_GPU,
+    SEQ_BYTES,
+    VLLM_SPEC_KIND,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    WireEvent,
+    batch_encoder,
+    frame_seq,
+    seq_frame,
+)
 from relaykv.engine.kv_events_config import KVEventsConfig, binds, loopback_default
 from relaykv.kvcache import Geometry, KVEvent
 
 log = logging.getLogger("relaykv.serve")
 
-MEDIUM_GPU = "GPU"
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 # The publisher thread sleeps until the engine queues an event (`sink` wakes it) or _IDLE_S
 # passes (how long a replay request can wait on an idle engine); after a wake-up it lets
 # _BATCH_S of a step's events gather so they go out as one batch. An idle engine no longer
 # polls at 500 Hz (several % of a core per engine on a shared host).
 _IDLE_S = 0.05
 _BATCH_S = 0.002
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the tagged events (`{"type": "BlockStored", ...}` on the wire)."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[bytes]
-    parent_block_hash: bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[bytes]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-class KVEventBatch(EventBatch):
-    events: list[WireEvent]
-
-
-# relaykv group kind -> vLLM's `kv_cache_spec_kind`
-VLLM_SPEC_KIND = {
-    "full": "full_attention",
-    "sliding": "sliding_window",
-    "chunked": "chunked_local_attention",
-}
 
 
 def spec_kind(geometry: Geometry, group: int) -> tuple[str, int | None]:
@@ -172,7 +135,7 @@ class ZmqEventPublisher:
 
     # -- publisher thread --------------------------------------------------------------
     def _loop(self) -> None:
-        encoder = msgspec.msgpack.Encoder()
+        encoder = batch_encoder()
         while True:
             self._wakeup.clear()  # before looking: an event queued from here on wakes the wait
             if self._replay is not None and self._replay.poll(0):
@@ -183,7 +146,7 @@ class ZmqEventPublisher:
                 batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
                 payload = encoder.encode(batch)
                 seq = self.published
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                self._pub.send_multipart((self._topic, seq_frame(seq), payload))
                 self._buffer.append((seq, payload))
                 self.published = seq + 1
             elif not self._running:
@@ -204,14 +167,14 @@ class ZmqEventPublisher:
     def _serve_replay(self) -> None:
         assert self._replay is not None
         frames = self._replay.recv_multipart()
-        if len(frames) != 3 or len(frames[2]) != 8:
+        if len(frames) != 3 or len(frames[2]) != SEQ_BYTES:
             log.warning("kv events: ignoring a malformed replay request (%d frames)", len(frames))
             return
         client, _, start = frames
-        start_seq = int.from_bytes(start, "big")
+        start_seq = frame_seq(start)
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+                self._replay.send_multipart((client, b"", seq_frame(seq), payload))
         self._replay.send_multipart((client, b"", END_SEQ, b""))
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -17,10 +17,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from relaykv.kvcache import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.common.messages.geometry_json import parse_geometry_json
+from relaykv.kvcache import DEFAULT_PD_POLICY, Geometry, GroupSpec, PDPolicy
 from relaykv.router.backends import Backend
 from relaykv.router.holders import KeyHolders
-from relaykv.router.index import EngineIndex, geometry_from_json
+from relaykv.router.index import EngineIndex
 from relaykv.router.kv_subscriber import EventSubscriber
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class Engines:
             t.index.close()
         t.instance = info.get("instance")
         try:
-            geometry = geometry_from_json(info.get("geometry") or {})
+            geometry = parse_geometry_json(info.get("geometry") or {}, GroupSpec, Geometry)
             policy = PDPolicy.parse(str(info.get("pd_policy", DEFAULT_PD_POLICY)))
         except ValueError as exc:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)

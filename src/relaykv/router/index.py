@@ -24,17 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import numpy as np
 
+from relaykv.common.messages.kv_events import AllBlocksCleared, BlockStored, decode_batch
 from relaykv.kvcache import (
     DEFAULT_PD_POLICY,
     CacheRequest,
     CacheRole,
     Geometry,
-    GroupSpec,
     PDPolicy,
     pd_plan,
     rules_for,
@@ -50,64 +49,8 @@ from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.router.holders import KeyHolders, PromptCounts
 
-
-class _Event(msgspec.Struct, tag=True):
-    pass
-
-
-class BlockStored(_Event):
-    block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None = None
-    token_ids: list[int] = []
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(_Event):
-    block_hashes: list[bytes | int]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(_Event):
-    pass
-
-
-class _Batch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-_DECODER = msgspec.msgpack.Decoder(_Batch)
 _HELD = 1  # the index does not know block ids; lookups only test membership
 _BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
-
-
-def geometry_from_json(raw: dict[str, Any]) -> Geometry:
-    """The engine's geometry from `/v1/kv_cache_info` (raises ValueError when malformed)."""
-    try:
-        groups = tuple(
-            GroupSpec(
-                g["kind"],
-                int(g["block_size"]),
-                g.get("window"),
-                bool(g.get("draft")),
-                chunk=g.get("chunk"),
-            )
-            for g in raw["groups"]
-        )
-        return Geometry(
-            groups, eagle=bool(raw.get("eagle")), eagle_reuse=raw.get("eagle_reuse", "drop")
-        )
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed geometry: {exc}") from None
 
 
 @dataclass(eq=False)
@@ -173,7 +116,7 @@ class EngineIndex:
 
     def apply(self, payload: bytes) -> None:
         try:
-            batch = _DECODER.decode(payload)
+            batch = decode_batch(payload)
         except msgspec.DecodeError:
             self.events_dropped += 1
             return

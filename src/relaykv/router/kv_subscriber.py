@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from relaykv.common.messages.kv_events import SEQ_BYTES, frame_seq, seq_frame
 from relaykv.router.index import EngineIndex
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,10 @@ class EventSubscriber:
                         await self._replay(0)
                 if sub in ready:
                     frames = await sub.recv_multipart()
-                    if len(frames) != 3 or len(frames[1]) != 8:
+                    if len(frames) != 3 or len(frames[1]) != SEQ_BYTES:
                         self.index.events_dropped += 1
                         continue
-                    await self._on_batch(int.from_bytes(frames[1], "big"), frames[2])
+                    await self._on_batch(frame_seq(frames[1]), frames[2])
         finally:
             sub.disable_monitor()
             monitor.close(0)
@@ -132,12 +133,12 @@ class EventSubscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.replay_endpoint)
         try:
-            await dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            await dealer.send_multipart((b"", seq_frame(start)))
             while await dealer.poll(int(REPLAY_TIMEOUT_S * 1000)):
                 frames = await dealer.recv_multipart()
                 if len(frames) != 3:
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq = frame_seq(frames[1], signed=True)
                 if seq < 0:
                     return
                 if not self.index.accept(seq, frames[2]):

@@ -16,28 +16,11 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
+from relaykv.common.messages.geometry_json import geometry_json
 from relaykv.engine.kv_events import ZmqEventPublisher
-from relaykv.kvcache import Geometry
 from relaykv.serve.assembly.engine_factory import ServedEngine
 
 INSTANCE = uuid.uuid4().hex
-
-
-def geometry_json(geometry: Geometry) -> dict[str, Any]:
-    return {
-        "groups": [
-            {
-                "kind": g.kind,
-                "block_size": g.block_size,
-                "window": g.window,
-                "chunk": g.chunk,
-                "draft": g.draft,
-            }
-            for g in geometry.groups
-        ],
-        "eagle": geometry.eagle,
-        "eagle_reuse": geometry.eagle_reuse,
-    }
 
 
 def byte_tokenizer_json(offset: int) -> str:
