@@ -33,9 +33,9 @@ for i in range(repeat):
     prompt = array("i", [rng.randrange(200_000) for _ in range(n)])
     for case in ("miss", "hit"):
         t0 = time.perf_counter(); req = m.add_request(f"{case}{i}", prompt)
-        t1 = time.perf_counter(); hit = m.lookup(req)
-        t2 = time.perf_counter(); assert m.allocate(req, n, hit=hit)
-        m.cache(req, n); m.free_skipped(req, n)
+        t1 = time.perf_counter(); hit = m._lookup(req)
+        t2 = time.perf_counter(); assert m._allocate(req, n, hit=hit)
+        m._cache(req, n); m._free_skipped(req, n)
         t3 = time.perf_counter(); release(req)
         t4 = time.perf_counter()
         for p, dt in zip(out[case], (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):

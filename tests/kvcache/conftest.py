@@ -50,28 +50,28 @@ class Driver:
         self, prompt: list[int], role=CacheRole.COLOCATED, salt=None, chunk: int | None = None
     ):
         req = self.new(prompt, role, salt)
-        hit = self.m.lookup(req)
+        hit = self.m._lookup(req)
         cap = self.m._prefill_hit_cap(req) if role is CacheRole.PREFILL else None
         assert hit.tokens == oracle_hit(req, self.m.rules, self.m.pool, cap)
-        assert self.m.allocate(req, hit.tokens, hit=hit) or hit.tokens == 0
+        assert self.m._allocate(req, hit.tokens, hit=hit) or hit.tokens == 0
         pos = hit.tokens
         chunk = chunk or len(prompt)
         while pos < len(prompt):
             end = min(len(prompt), pos + chunk)
-            assert self.m.allocate(req, end, hit=None if any(req.tables) else hit)
-            self.m.cache(req, end)
-            self.m.free_skipped(req, end)
+            assert self.m._allocate(req, end, hit=None if any(req.tables) else hit)
+            self.m._cache(req, end)
+            self.m._free_skipped(req, end)
             pos = end
             self._check()
         return req, hit.tokens
 
     def decode(self, req: CacheRequest, steps: int = 1) -> None:
         for _ in range(steps):
-            self.m.append_tokens(req, [7])
+            req.append_tokens([7])
             n = req.num_tokens
-            assert self.m.allocate(req, n)
-            self.m.cache(req, n)
-            self.m.free_skipped(req, n)
+            assert self.m._allocate(req, n)
+            self.m._cache(req, n)
+            self.m._free_skipped(req, n)
         self._check()
 
     def finish(self, req: CacheRequest) -> None:

@@ -19,7 +19,7 @@ def test_lookup_equals_oracle_on_arbitrary_cache_states(geo, prompts, data) -> N
     m = KVCacheManager(geo, 4096)
     for i, prompt in enumerate(prompts[:-1]):
         req = m.add_request(f"src{i}", prompt)
-        m.allocate(req, len(prompt))
+        m._allocate(req, len(prompt))
         for rule in m.rules:
             keys = req.keys(rule.index)
             subset = data.draw(st.sets(st.integers(0, max(0, len(keys) - 1))))

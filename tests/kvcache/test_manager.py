@@ -14,7 +14,7 @@ def test_allocate_refuses_without_changing_anything() -> None:
     d = Driver(m)
     req = d.new(tokens(200))
     before = m.pool.num_free
-    assert not m.allocate(req, 200)
+    assert not m._allocate(req, 200)
     assert m.pool.num_free == before and req.tables == [[], []]
     assert_consistent(m)
 
@@ -25,10 +25,10 @@ def test_must_fit_uses_the_sliding_cap() -> None:
     m = KVCacheManager(geometry("full:16", "sliding:16:32"), 19, max_in_flight_tokens=16)
     assert m.sizing.caps[1] == 4
     req = m.add_request("a", tokens(200))
-    assert m.can_fit(req, 200)
-    assert m.allocate(req, 16, must_fit=200)
+    assert m._can_fit(req, 200)
+    assert m._allocate(req, 16, must_fit=200)
     m2 = KVCacheManager(geometry("full:16", "sliding:16:32"), 17, max_in_flight_tokens=16)
-    assert not m2.can_fit(m2.add_request("a", tokens(200)), 200)
+    assert not m2._can_fit(m2.add_request("a", tokens(200)), 200)
 
 
 def test_sliding_frees_follow_processed_tokens_and_keep_boundary_windows() -> None:
@@ -62,7 +62,7 @@ def test_preempted_request_resumes_from_its_own_cache() -> None:
     d.decode(req, 5)
     m.release(req)  # preemption by recompute: blocks go back, hashes stay
     again = m.add_request("again", list(req.tokens))
-    assert m.lookup(again).tokens > 0
+    assert m._lookup(again).tokens > 0
     assert_consistent(m)
 
 
@@ -107,11 +107,11 @@ def test_received_blocks_are_hashed_only_on_completion() -> None:
     load = d.m.receive(req)
     assert load is not None and load.needs_transfer
     sibling = d.m.add_request("sib", prompt)
-    assert d.m.lookup(sibling).tokens == 0  # nothing in flight is hittable
+    assert d.m._lookup(sibling).tokens == 0  # nothing in flight is hittable
     assert_consistent(d.m)
     [settled] = d.m.load_finished(load, ok=True)
     assert settled is load and load.ok
-    assert d.m.lookup(sibling).tokens > 0
+    assert d.m._lookup(sibling).tokens > 0
     assert_consistent(d.m)
 
 
@@ -144,7 +144,7 @@ def test_failed_shared_load_fails_its_waiters_and_leaks_nothing() -> None:
     assert {s.request.request_id for s in settled} == {a.request_id, b.request_id}
     assert not any(s.ok for s in settled)
     sibling = d.m.add_request("sib", [*x, 3])
-    assert d.m.lookup(sibling).tokens == 0  # the failed load published nothing
+    assert d.m._lookup(sibling).tokens == 0  # the failed load published nothing
     d.m.release(sibling)
     d.finish(a)
     d.finish(b)
@@ -162,7 +162,7 @@ def test_request_freed_mid_transfer_keeps_its_blocks_until_the_transfer_settles(
     assert_consistent(d.m)
     assert d.m.load_finished(load, ok=True) == []
     assert d.m.pool.num_free == d.m.pool.num_usable
-    assert d.m.lookup(d.m.add_request("again", tokens(300))).tokens > 0  # valid KV published
+    assert d.m._lookup(d.m.add_request("again", tokens(300))).tokens > 0  # valid KV published
 
 
 def test_load_refused_when_the_pool_is_full() -> None:

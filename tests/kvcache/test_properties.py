@@ -57,19 +57,19 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _prefill(self, m: KVCacheManager, prompt: list[int], role: CacheRole, chunk: int):
         req = m.add_request(self._id(), prompt, role=role)
-        hit = m.lookup(req)
+        hit = m._lookup(req)
         cap = m._prefill_hit_cap(req) if role is CacheRole.PREFILL else None
         assert hit.tokens == oracle_hit(req, m.rules, m.pool, cap)
         pos = hit.tokens
         first = True
         while pos < len(prompt):
             end = min(len(prompt), pos + chunk)
-            if not m.allocate(req, end, hit=hit if first else None):
+            if not m._allocate(req, end, hit=hit if first else None):
                 m.release(req)
                 return None
             first = False
-            m.cache(req, end)
-            m.free_skipped(req, end)
+            m._cache(req, end)
+            m._free_skipped(req, end)
             pos = end
         return req
 
@@ -85,11 +85,11 @@ class CacheMachine(RuleBasedStateMachine):
     def decode(self, data, steps) -> None:
         m, req = data.draw(st.sampled_from(self.running))
         for _ in range(steps):
-            m.append_tokens(req, [3])
-            if not m.allocate(req, req.num_tokens, lookahead=2):
+            req.append_tokens([3])
+            if not m._allocate(req, req.num_tokens, lookahead=2):
                 break
-            m.cache(req, req.num_tokens)
-            m.free_skipped(req, req.num_tokens)
+            m._cache(req, req.num_tokens)
+            m._free_skipped(req, req.num_tokens)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -121,9 +121,9 @@ class CacheMachine(RuleBasedStateMachine):
     def _start_decode(self, load) -> None:
         req = load.request
         n = req.num_prompt_tokens
-        self.d.free_skipped(req, n - 1)
-        if self.d.allocate(req, n):
-            self.d.cache(req, n)
+        self.d._free_skipped(req, n - 1)
+        if self.d._allocate(req, n):
+            self.d._cache(req, n)
             self.running.append((self.d, req))
         else:
             self.d.release(req)

@@ -18,8 +18,8 @@ def _hits(geo, retention: str, prompt: list[int], chunk: int) -> tuple[int, int]
     req, _ = d.prefill(prompt, chunk=chunk)
     d.decode(req, 3)
     d.finish(req)
-    resend = m.lookup(m.add_request("resend", prompt)).tokens
-    extension = m.lookup(m.add_request("extension", [*prompt, 999, 998, 997])).tokens
+    resend = m._lookup(m.add_request("resend", prompt)).tokens
+    extension = m._lookup(m.add_request("extension", [*prompt, 999, 998, 997])).tokens
     return resend, extension
 
 

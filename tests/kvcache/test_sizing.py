@@ -55,11 +55,11 @@ def test_what_startup_admits_runtime_admits() -> None:
     reqs = []
     for seed in range(3):
         req = d.new(tokens(256, seed=seed))
-        assert m.allocate(req, 64, must_fit=256)
+        assert m._allocate(req, 64, must_fit=256)
         reqs.append(req)
     # Each runs to max_model_len in chunks of 64 without ever failing to allocate.
     for end in range(128, 257, 64):
         for req in reqs:
-            assert m.allocate(req, end)
-            m.cache(req, end)
-            m.free_skipped(req, end)
+            assert m._allocate(req, end)
+            m._cache(req, end)
+            m._free_skipped(req, end)

@@ -59,7 +59,7 @@ def test_usable_hit_equals_the_engines_own_lookup(
     for i in range(40):
         prompt = systems[rng.randrange(5)] + tokens(rng.randrange(1, 60), seed=1000 + i)
         probe = engine.add_request(f"probe{i}", prompt)
-        expected = engine.lookup(probe).tokens
+        expected = engine._lookup(probe).tokens
         engine.release(probe)
         assert index.usable_hit(index.request(prompt)) == expected
         req, hit = d.prefill(prompt, chunk=48)
@@ -81,7 +81,7 @@ def test_prefill_role_applies_the_prefill_cap() -> None:
     for extra in (0, 20, 100):
         p = prompt + tokens(extra, seed=9)
         probe = engine.add_request(f"p{extra}", p, role=CacheRole.PREFILL)
-        expected = engine.lookup(probe).tokens
+        expected = engine._lookup(probe).tokens
         engine.release(probe)
         assert index.usable_hit(index.request(p)) == expected
         assert expected > 0

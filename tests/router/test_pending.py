@@ -50,7 +50,7 @@ def test_in_flight_hit_equals_what_a_dense_prefill_engine_serves(
         engine.hold_for_transfer(done)
         engine.release(done)
         probe = engine.add_request("probe", sibling, role=CacheRole.PREFILL)
-        assert estimate == engine.lookup(probe).tokens, (trial, len(system))
+        assert estimate == engine._lookup(probe).tokens, (trial, len(system))
         engine.release(probe)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from relaykv.kvcache.base import CacheLifecycle
 from relaykv.kvcache.geometry import Geometry
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.invariants import assert_consistent
@@ -48,7 +49,7 @@ class _Engine:
     """Walks requests through one manager's lifecycle the way the engine's scheduler does,
     minus the model (docs/design.md §10)."""
 
-    def __init__(self, manager: KVCacheManager, name: str) -> None:
+    def __init__(self, manager: CacheLifecycle, name: str) -> None:
         self.manager = manager
         self.name = name
         self._ids = 0

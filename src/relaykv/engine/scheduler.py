@@ -12,16 +12,16 @@ Token accounting follows `relaykv.common.messages.steps`: a sampling entry commi
 positions (its tokens and the accepted drafts); rejected drafts are rolled back simply by not
 counting them, and sliding-window frees only ever use committed (processed) positions (§6).
 
-The cache side of every request goes through the lifecycle of `KVCacheManager` (docs/design.md
-§10): `add_request` on arrival, `admit` / `reserve` / `commit` / `preempt` while it runs here,
-`release` when it ends. On a decode engine (P/D) a request whose prompt KV comes from a
-prefill engine starts its load with `receive` and waits in `loading`
+The cache side of every request goes through the cache lifecycle (`kvcache.CacheLifecycle`,
+docs/design.md §10): `add_request` on arrival, `admit` / `reserve` / `commit` / `preempt`
+while it runs here, `release` when it ends. On a decode engine (P/D) a request whose prompt KV
+comes from a prefill engine starts its load with `receive` and waits in `loading`
 (WAITING_FOR_REMOTE_KV) until `load_finished` delivers it. A load holds its blocks but not a
 running slot: a hung or unreachable prefill engine must not keep local work out
 (`max_num_seqs` counts `running` only; the pool bounds loads, or `max_num_loads`). A delivered
-load waits in `ready`, still holding its blocks, until a running slot is free; it then
-resumes at N-1 (the last prompt token is recomputed for its logits) through `reserve`, like
-any running request (docs/pd.md, "Slot hygiene").
+load waits in `ready`, still holding its blocks, until a running slot is free; it then resumes
+at N-1 (the last prompt token is recomputed for its logits) through `reserve`, like any
+running request (docs/pd.md, "Slot hygiene").
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from relaykv.engine.connector import KVConnector
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestState
 from relaykv.engine.scheduler_check import scheduler_problems
-from relaykv.kvcache import CacheRole, KVCacheManager, KVLoad
+from relaykv.kvcache import CacheLifecycle, CacheRole, KVLoad
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
@@ -62,7 +62,7 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        manager: KVCacheManager,
+        manager: CacheLifecycle,
         num_speculative_tokens: int = 0,
         connector: KVConnector | None = None,
         eos_token_ids: frozenset[int] = frozenset(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from relaykv.engine.request import Request, RequestState
-from relaykv.kvcache import KVCacheManager
+from relaykv.kvcache import CacheLifecycle
 
 _STATES = {
     "waiting": RequestState.WAITING,
@@ -24,7 +24,7 @@ _STATES = {
 
 def scheduler_problems(
     queues: Mapping[str, Iterable[Request]],
-    manager: KVCacheManager,
+    manager: CacheLifecycle,
     max_num_seqs: int,
     max_num_loads: int | None,
 ) -> list[str]:

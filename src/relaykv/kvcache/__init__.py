@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relaykv.kvcache.base import Admission, CacheLifecycle
 from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.geometry import (
     PRESETS,
@@ -22,7 +23,7 @@ from relaykv.kvcache.groups import (
 from relaykv.kvcache.hashing import TokenHashes, chain_hashes
 from relaykv.kvcache.invariants import assert_consistent, check_manager
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
-from relaykv.kvcache.manager import Admission, KVCacheManager
+from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
 from relaykv.kvcache.pd_plan import PDPlan, pd_plan, pd_slack_tokens
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, KVEvent
@@ -40,6 +41,7 @@ __all__ = [
     "ROLES",
     "Admission",
     "BlockPool",
+    "CacheLifecycle",
     "CacheRequest",
     "CacheRole",
     "CacheSizing",

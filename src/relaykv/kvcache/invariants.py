@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from relaykv.kvcache.base import CacheLifecycle
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pool import NULL_BLOCK
 
@@ -54,7 +55,7 @@ def check_manager(manager: KVCacheManager) -> list[str]:
     return problems
 
 
-def assert_consistent(manager: KVCacheManager) -> None:
-    problems = check_manager(manager)
+def assert_consistent(cache: CacheLifecycle) -> None:
+    problems = cache.check()
     if problems:
         raise AssertionError("cache invariants violated:\n  " + "\n  ".join(problems[:20]))

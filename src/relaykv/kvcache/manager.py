@@ -1,42 +1,23 @@
 """The cache manager: one engine's blocks and the lifecycle of its requests (docs/design.md §10).
 
 One `KVCacheManager` per engine owns the block pool, the per-group rules and the cache state
-of every live request. Every driver (the engine's scheduler, `relaykv cache-probe`, the
-simulator, a router's model of an engine) walks a request through the same lifecycle:
-
-    req = manager.add_request(id, prompt, salt, role)   # open: hashes the prompt
-    # computed here (a colocated or prefill engine):
-    adm = manager.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
-    ok = manager.reserve(req, end, lookahead=k)         # before each later step; False: the
-                                                        #   pool is full, preempt someone
-    manager.commit(req, processed, new_tokens)          # after each step: hash, slide windows
-    manager.preempt(req)                                # back to waiting; admit() again later
-    held = manager.hold_for_transfer(req)               # prefill engine: keep the plan for D
-    # received from a prefill engine (a decode engine):
-    load = manager.receive(req)                         # None: wait; else fill load.receive
-    delivered = manager.load_finished(load, ok)         # the transport ended load's transfer
-    manager.release(req)                                # always last (deferred while the
-                                                        #   request's own transfer flies)
-
-A load with nothing to receive (everything local or already on its way) may be delivered by
-`receive` itself (`load.delivered`); otherwise it is delivered by the `load_finished` of its
-own transfer or of the last shared transfer it waits on. A delivered load has cleared
-`req.load`; if `load.ok`, the request resumes at N-1 (the full-prompt rule), else the caller
-releases it (and may re-open it to recompute).
+of every live request. It is the implementation of `CacheLifecycle` (base.py: the calls a
+driver may make, and in which order); the scheduler, the simulator and `relaykv cache-probe`
+type against that contract. Everything below the lifecycle (the lookup of §5, allocation
+and the admission gate of §8, hashing and window frees of §6) is private to this class.
 
 Safety rules: block tables are written only here; a block is hashed only once its KV is
 written (`commit` takes processed token counts, never scheduled ones); releases are tail
-first. The building blocks (`lookup`, `allocate`, `cache`, `free_skipped`) stay public for
-benchmarks and tests that time or probe one phase; drivers use the lifecycle.
+first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from relaykv.kvcache.base import Admission
 from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
@@ -49,18 +30,6 @@ from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now."""
-
-    hit: LocalHit
-    num_tokens: int
-
-    @property
-    def start(self) -> int:
-        return self.hit.tokens
 
 
 class KVCacheManager:
@@ -151,10 +120,10 @@ class KVCacheManager:
         that many tokens could fit under the per-request caps (§8). None changes nothing:
         the pool cannot hold it now. Records the hit in the stats (a re-admission after a
         preemption counts as such)."""
-        hit = self.lookup(req)
+        hit = self._lookup(req)
         n = min(req.num_tokens - hit.tokens, budget)
         extra = lookahead if hit.tokens + n == req.num_tokens else 0
-        if not self.allocate(req, hit.tokens + n, hit=hit, lookahead=extra, must_fit=must_fit):
+        if not self._allocate(req, hit.tokens + n, hit=hit, lookahead=extra, must_fit=must_fit):
             return None
         readmitted = req.num_admissions > 0
         req.num_admissions += 1
@@ -171,22 +140,22 @@ class KVCacheManager:
     def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
         """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False
         (nothing changed) when the pool is short: the caller preempts and retries."""
-        return self.allocate(req, num_tokens, lookahead=lookahead)
+        return self._allocate(req, num_tokens, lookahead=lookahead)
 
     def commit(self, req: CacheRequest, processed: int, new_tokens: Iterable[int] = ()) -> None:
         """After a step: append the sampled tokens, hash the blocks whose KV is now written
         for positions `[0, processed)` and free what no later position reads (§6)."""
         if new_tokens:
             req.append_tokens(new_tokens)
-        self.cache(req, processed)
-        self.free_skipped(req, processed)
+        self._cache(req, processed)
+        self._free_skipped(req, processed)
 
     def receive(self, req: CacheRequest) -> KVLoad | None:
         """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
         changes nothing: the pool cannot hold it now. The transport fills `load.receive`
         (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
         plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
-        hit = self.lookup(req) if plan.common_resume else None
+        hit = self._lookup(req) if plan.common_resume else None
         load = self.loads.begin(req, plan, hit)
         if load is not None:
             req.num_admissions += 1
@@ -208,7 +177,7 @@ class KVCacheManager:
     def _delivered(self, load: KVLoad) -> None:
         if load.ok:
             # The full-prompt rule: D recomputes N-1, so it has processed N-1 tokens (§7).
-            self.free_skipped(load.request, load.request.num_prompt_tokens - 1)
+            self._free_skipped(load.request, load.request.num_prompt_tokens - 1)
 
     def release(self, req: CacheRequest) -> None:
         """Release all of a request's blocks, tail first (§3), and forget it. Deferred while
@@ -224,12 +193,20 @@ class KVCacheManager:
             raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
         self._release(req, forget=False)
 
-    # -- building blocks ------------------------------------------------------------------
-    def append_tokens(self, req: CacheRequest, token_ids: Iterable[int]) -> None:
-        req.append_tokens(token_ids)
+    # -- observing the cache ----------------------------------------------------------------
+    def usage(self) -> float:
+        """The fraction of the pool's usable blocks held by requests."""
+        return self.pool.usage()
 
-    # -- lookup and allocation ------------------------------------------------------
-    def lookup(self, req: CacheRequest) -> LocalHit:
+    def check(self) -> list[str]:
+        """Violations of the invariants (`invariants.check_manager`); empty: consistent."""
+        # Imported here: invariants.py reads this class's internals (it imports manager.py).
+        from relaykv.kvcache.invariants import check_manager
+
+        return check_manager(self)
+
+    # -- lookup and allocation (private: drivers use the lifecycle) --------------------
+    def _lookup(self, req: CacheRequest) -> LocalHit:
         """The exact local hit of a request that holds no blocks yet (§5)."""
         if not self.pool.enable_caching:
             return LocalHit(0, [[] for _ in self.rules])
@@ -243,8 +220,10 @@ class KVCacheManager:
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
         return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
 
-    def blocks_needed(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
-        """Free blocks an `allocate(req, num_tokens, hit)` would consume (touched idle hits
+    def _blocks_needed(
+        self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None
+    ) -> int:
+        """Free blocks an `_allocate(req, num_tokens, hit)` would consume (touched idle hits
         count: touching takes them out of the free queue)."""
         needed = 0
         for rule in self.rules:
@@ -257,7 +236,7 @@ class KVCacheManager:
             needed += max(0, cdiv(num_tokens, rule.block_size) - have)
         return needed
 
-    def can_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> bool:
+    def _can_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> bool:
         """The admission gate of §8: blocks for `num_tokens` capped per group must fit."""
         needed = 0
         for rule, cap in zip(self.rules, self.sizing.caps, strict=True):
@@ -268,7 +247,7 @@ class KVCacheManager:
             needed += max(0, min(cap, cdiv(num_tokens, rule.block_size)) - have)
         return needed <= self.pool.num_free
 
-    def allocate(
+    def _allocate(
         self,
         req: CacheRequest,
         num_tokens: int,
@@ -278,14 +257,14 @@ class KVCacheManager:
     ) -> bool:
         """Make the tables cover positions `[0, num_tokens + lookahead)`.
 
-        On the first allocation `hit` (from `lookup`) is taken: its blocks are touched. With
+        On the first allocation `hit` (from `_lookup`) is taken: its blocks are touched. With
         `must_fit`, the request is admitted only if that many tokens could fit (§8). Returns
         False, changing nothing, when the pool cannot provide the blocks.
         """
         total = num_tokens + lookahead
-        if must_fit is not None and not self.can_fit(req, must_fit, hit):
+        if must_fit is not None and not self._can_fit(req, must_fit, hit):
             return False
-        if self.blocks_needed(req, total, hit) > self.pool.num_free:
+        if self._blocks_needed(req, total, hit) > self.pool.num_free:
             return False
         if hit is not None and not any(req.tables):
             for rule in self.rules:
@@ -300,8 +279,8 @@ class KVCacheManager:
                 table.extend(self.pool.allocate(missing))
         return True
 
-    # -- caching and frees ---------------------------------------------------------------
-    def cache(self, req: CacheRequest, num_tokens: int) -> None:
+    # -- caching and frees (private) -----------------------------------------------------
+    def _cache(self, req: CacheRequest, num_tokens: int) -> None:
         """Hash the full blocks whose KV is written for positions `[0, num_tokens)` (§2, §6)."""
         if not self.pool.enable_caching:
             return
@@ -320,7 +299,7 @@ class KVCacheManager:
                 # Blocks are hashed once, when they fill (`num_cached_blocks` moves past them),
                 # so the mask must already name the windows of points a little beyond `upto`
                 # (chunked prefill, §6): every point up to the rule's hash horizon.
-                mask = hash_mask(rule, self.retention, self.boundaries(req), req.junction, horizon)
+                mask = hash_mask(rule, self.retention, self._boundaries(req), req.junction, horizon)
             with self.events.publishing(req, start):
                 self.pool.cache_blocks(
                     g,
@@ -328,10 +307,10 @@ class KVCacheManager:
                 )
             req.num_cached_blocks[g] = end
 
-    def boundaries(self, req: CacheRequest) -> tuple[int, ...]:
+    def _boundaries(self, req: CacheRequest) -> tuple[int, ...]:
         return replay_boundaries(self.geometry, req.num_prompt_tokens, self.rules)
 
-    def free_skipped(self, req: CacheRequest, processed: int) -> None:
+    def _free_skipped(self, req: CacheRequest, processed: int) -> None:
         """Free blocks no future computation of `req` reads (§6, processed basis)."""
         floor = None
         if req.role is CacheRole.PREFILL:
@@ -372,7 +351,7 @@ class KVCacheManager:
         The request stays registered until `free(req)` (after D read them or a lease expired).
         """
         plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
-        self.cache(req, req.num_prompt_tokens)
+        self._cache(req, req.num_prompt_tokens)
         held: list[list[tuple[int, int]]] = []
         extra: list[int] = []
         for rule in self.rules:

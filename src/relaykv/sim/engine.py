@@ -17,6 +17,7 @@ from typing import Any
 from relaykv.common.messages.steps import StepBatch, StepOutput
 from relaykv.engine import EngineConfig, LLMEngine, Request, SamplingParams
 from relaykv.engine.scheduler import ScheduledSequence
+from relaykv.kvcache import CacheLifecycle
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.executor import CostModelExecutor
 from relaykv.transfer.connector import PDConnector
@@ -41,11 +42,11 @@ class SimEngine:
         self.loop = loop
         self.engine = LLMEngine(executor, config)
         self.scheduler = self.engine.scheduler
-        self.manager = self.engine.manager
+        self.manager: CacheLifecycle = self.engine.manager
         self.connector: PDConnector | None = None
         if config.role != "colocated":
             self.connector = PDConnector(
-                config.role, self.manager, transport, None, engine_id=name, lease_seconds=1e9
+                config.role, self.engine.manager, transport, None, engine_id=name, lease_seconds=1e9
             )
             self.engine.attach_connector(self.connector)
         self.on_progress = on_progress
@@ -113,9 +114,7 @@ class SimEngine:
 
     def check(self) -> list[str]:
         """The scheduler's, the cache's and the connector's invariant checkers."""
-        from relaykv.kvcache import check_manager
-
-        problems = self.scheduler.check() + list(check_manager(self.manager))
+        problems = self.scheduler.check() + self.manager.check()
         if self.connector is not None:
             problems += self.connector.check()
         return problems

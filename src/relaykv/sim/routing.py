@@ -53,7 +53,7 @@ class SimRouter:
                 self.indexes.get(b.url) if prompt else None,
                 b.in_flight,
                 waiting=len(self.engines[b.url].scheduler.waiting),
-                kv_usage=self.engines[b.url].manager.pool.usage(),
+                kv_usage=self.engines[b.url].manager.usage(),
             )
             for b in backends
         ]

@@ -14,7 +14,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def test_drain_timeout_aborts_what_is_left_and_frees_it() -> None:
-    srv = ServerThread(reference_served(), drain_timeout=0.3)
+    # 2 s: long enough that the 503 checks below run while the server still drains on a
+    # loaded machine (0.3 s raced them), short of the ~4 s the request needs, so it is aborted.
+    srv = ServerThread(reference_served(), drain_timeout=2.0)
     try:
         srv.executor.delay = 0.01
         body = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "stream": True}

@@ -1,0 +1,155 @@
+"""The cache lifecycle: what every driver of a cache may call (docs/design.md §10).
+
+The scheduler, the simulator and `relaykv cache-probe` type against `CacheLifecycle`, not
+against the concrete `KVCacheManager` (`manager.py`, the one implementation), so what a
+driver may do to a cache is written here, once, and everything else about the manager
+(lookup, allocation, hashing, window frees: §5, §6, §8) stays its own business.
+
+One request, in order (a call that returns None or False changed nothing):
+
+    req = cache.add_request(id, prompt, salt, role)   # open: hashes the prompt
+    # computed here (a colocated or prefill engine):
+    adm = cache.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
+    ok = cache.reserve(req, end, lookahead=k)         # before each later step; False: the
+                                                      #   pool is full, preempt someone
+    cache.commit(req, processed, new_tokens)          # after each step: hash, slide windows
+    cache.preempt(req)                                # back to waiting; admit() again later
+    held = cache.hold_for_transfer(req)               # prefill engine: keep the plan for D
+    # received from a prefill engine (a decode engine):
+    load = cache.receive(req)                         # None: wait; else fill load.receive
+    delivered = cache.load_finished(load, ok)         # the transport ended load's transfer
+    cache.release(req)                                # always last (deferred while the
+                                                      #   request's own transfer flies)
+
+A load with nothing to receive (everything local or already on its way) may be delivered by
+`receive` itself (`load.delivered`); otherwise it is delivered by the `load_finished` of its
+own transfer or of the last shared transfer it waits on. A delivered load has cleared
+`req.load`; if `load.ok`, the request resumes at N-1 (the full-prompt rule, §7), else the
+caller releases it (and may re-open it to recompute).
+
+Besides the lifecycle a driver reads the cache's shape and counters, routes its KV events
+and runs its invariant checker after every step (tests, the simulator, the probe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from relaykv.kvcache.geometry import Geometry
+from relaykv.kvcache.lookup import LocalHit
+from relaykv.kvcache.pd_config import PDPolicy
+from relaykv.kvcache.pool import EventSink
+from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
+from relaykv.kvcache.stats import CacheStats
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now."""
+
+    hit: LocalHit
+    num_tokens: int
+
+    @property
+    def start(self) -> int:
+        return self.hit.tokens
+
+
+class CacheLifecycle(Protocol):
+    """One engine's cache as its drivers see it; the module docstring gives the order."""
+
+    @property
+    def geometry(self) -> Geometry: ...
+
+    @property
+    def pd_policy(self) -> PDPolicy: ...
+
+    @property
+    def stats(self) -> CacheStats:
+        """The counters of docs/design.md §9 (vLLM's metric semantics)."""
+        ...
+
+    @property
+    def requests(self) -> Mapping[str, CacheRequest]:
+        """The open requests by id (opened by `add_request`, forgotten by `release`)."""
+        ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Sequence[int] | np.ndarray,
+        salt: str | bytes | None = None,
+        role: CacheRole = CacheRole.COLOCATED,
+        *,
+        recompute: bool = False,
+    ) -> CacheRequest:
+        """Open a request (hashes its prompt). `recompute`: its prompt was counted in the
+        stats already (a failed load computed here after all)."""
+        ...
+
+    def admit(
+        self,
+        req: CacheRequest,
+        budget: int,
+        *,
+        lookahead: int = 0,
+        must_fit: int | None = None,
+    ) -> Admission | None:
+        """Look `req` up (§5) and give it blocks for its hit plus up to `budget` tokens
+        (+ `lookahead` slots when that reaches its last token); with `must_fit`, only if
+        that many tokens fit under the per-request caps (§8). None: the pool cannot hold it
+        now."""
+        ...
+
+    def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
+        """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False:
+        the pool is short (the caller preempts and retries)."""
+        ...
+
+    def commit(self, req: CacheRequest, processed: int, new_tokens: Iterable[int] = ()) -> None:
+        """After a step: append the sampled tokens, hash the blocks whose KV is written for
+        positions `[0, processed)`, free what no later position reads (§6)."""
+        ...
+
+    def preempt(self, req: CacheRequest) -> None:
+        """Release a running request's blocks for recompute; it stays open with its hashes."""
+        ...
+
+    def hold_for_transfer(self, req: CacheRequest) -> list[list[tuple[int, int]]]:
+        """Prefill side: keep exactly the blocks of the P/D plan (§7), free the rest; per
+        group the `(block index, block id)` pairs the decode engine may read."""
+        ...
+
+    def receive(self, req: CacheRequest) -> KVLoad | None:
+        """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None: the
+        pool cannot hold it now."""
+        ...
+
+    def load_finished(self, load: KVLoad, ok: bool) -> list[KVLoad]:
+        """The transport ended `load`'s own transfer; returns the loads delivered now."""
+        ...
+
+    def release(self, req: CacheRequest) -> None:
+        """Release all of a request's blocks, tail first (§3), and forget it; deferred while
+        its own transfer is in flight (`load_finished` completes it)."""
+        ...
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Send the cache's KV events to `sink` (docs/kv-events.md)."""
+        ...
+
+    def usage(self) -> float:
+        """The fraction of the pool's usable blocks held by requests (vLLM's
+        `kv_cache_usage_perc`)."""
+        ...
+
+    def check(self) -> list[str]:
+        """Violations of the cache's invariants (§3, §7); empty when consistent."""
+        ...
+
+
+__all__ = ["Admission", "CacheLifecycle"]
