@@ -1,13 +1,14 @@
-"""The seed's tables (shared reference seed-pr.txt) re-run at the seed's scale in `relaykv sim`.
+"""The tables of the upstream report (vLLM PR #56449, docs/design.md §11; "seed" in this
+script's names) re-run at the report's scale in `relaykv sim`.
 
-Scenarios (docs/simulator.md "The seed's tables"): gpt-oss-20b + EAGLE3 on H20 TP2/TP2 and
-dsv4-flash on H20 TP8/TP8 over RDMA, prefix_repetition 65,504 + 64 with one prefix, groups
-c1/output1 (8 requests), c8/output1 (40), c8/output128 (40), each on a fresh cluster after
-one same-prefix warmup; and the 64k generated-shared-prefix stress (10 groups x 32 prompts,
-64-token questions, 1,500 output tokens, c64, one warmup) on dsv4-flash. Every policy,
-plus, on prefix_repetition, `legacy` with `--prefill-prefix-caching off` (the lower bound of
-the seed's baseline image, see the docs).
-Prints markdown tables with the seed's published numbers side by side and writes JSON + one
+Scenarios (docs/simulator.md "The upstream report's tables at its scale"): gpt-oss-20b + EAGLE3
+on H20 TP2/TP2 and dsv4-flash on H20 TP8/TP8 over RDMA, prefix_repetition 65,504 + 64 with one
+prefix, groups c1/output1 (8 requests), c8/output1 (40), c8/output128 (40), each on a fresh
+cluster after one same-prefix warmup; and the 64k generated-shared-prefix stress (10 groups x
+32 prompts, 64-token questions, 1,500 output tokens, c64, one warmup) on dsv4-flash. Every
+policy, plus, on prefix_repetition, `legacy` with `--prefill-prefix-caching off` (the lower
+bound of the report's baseline image, see the docs).
+Prints markdown tables with the report's published numbers side by side and writes JSON + one
 PNG per table into --output-dir.
 
     .venv/bin/python benchmarks/sim_seed_tables.py [--output-dir DIR] [--only gpt-oss|dsv4|stress]
@@ -94,7 +95,7 @@ STRESS = [
     "--num-warmups",
     "1",
 ]
-# The seed's published numbers: (baseline, PR) per group and metric.
+# The upstream report's published numbers: (baseline, PR) per group and metric.
 SEED = {
     ("dsv4", "c1/output1"): {
         "request_throughput": (0.346, 1.556),

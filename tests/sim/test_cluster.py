@@ -1,5 +1,5 @@
 """Simulated clusters: invariants hold, runs are deterministic, the policies behave as the
-seed reported at a small scale (gpt-oss geometry, prefix_repetition)."""
+upstream report (vLLM PR #56449) found, at a small scale (gpt-oss geometry, prefix_repetition)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_policies_on_prefix_repetition() -> None:
     for r in (legacy, slack, per_group):
         assert r["completed"] == 12 and r["failed"] == 0
         assert r["total_output_tokens"] == 12 * 16
-    # The seed: with the draft in the full group, D's local hits stay at 0 under both.
+    # As in the upstream report: with the draft in the full group, D's local hits stay at 0
+    # under both.
     assert legacy["d_local_hit_tokens"] == 0 and slack["d_local_hit_tokens"] == 0
     assert per_group["d_local_hit_share"] >= 0.9
     assert per_group["d_kv_bytes_received"] * 10 <= legacy["d_kv_bytes_received"]

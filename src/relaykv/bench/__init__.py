@@ -2,7 +2,7 @@
 
 `bench serve` is a streaming load generator flag- and output-compatible with
 `vllm bench serve` (docs/benchmarking.md);
-`probe` is the seed's fixed-engine cache probe; `bench ab`
+`probe` is the fixed-engine cache probe of the upstream report (vLLM PR #56449); `bench ab`
 runs one workload against several cluster configurations in A/B/A order.
 
 Layering (docs/architecture.md): this package talks to servers over HTTP only and imports nothing

@@ -47,7 +47,7 @@ class ClusterSpec:
     num_blocks: int = 10000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "auto"  # as `relaykv serve`: dense on prefill engines (docs/design.md §6)
-    prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
+    prefill_prefix_caching: bool = True  # False: the upstream report's baseline image
     routing: str = "cache-aware"  # relaykv router's --routing
 
 

@@ -88,7 +88,8 @@ def dsv4_flash() -> ModelSpec:
       sliding layers with a 128-token window (MLA latent in FP8, 576 B/token/layer);
     * KV groups (block size in tokens): full compressed b=256 (21 layers: 3,024 B/token),
       sliding b=64 W=128 holding the MTP/EAGLE draft layer (22 + 1 layers: 13,248 B/token),
-      so the hit alignment A = 256 and the draft is in the sliding group (the seed's case);
+      so the hit alignment A = 256 and the draft is in the sliding group (the case of the upstream
+      report, vLLM PR #56449, docs/design.md §11);
     * KV bytes per token = 16,272 (66 % of it in the windowed group, which only keeps 128
       tokens per request, so a 65k prompt holds ~49 MB in the full group + 2.5 MB window).
     """

@@ -110,8 +110,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-prefix-caching",
         default="on",
         choices=("on", "off"),
-        help="off: prefill engines without prefix caching, the seed's baseline image "
-        "(docs/simulator.md)",
+        help="off: prefill engines without prefix caching, the baseline image of the "
+        "upstream report, vLLM PR #56449 (docs/simulator.md)",
     )
 
 

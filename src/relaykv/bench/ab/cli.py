@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix-len",
         type=int,
         default=8192,
-        help="prefix_repetition prefix length (the seed used 65504)",
+        help="prefix_repetition prefix length (the upstream report, vLLM PR #56449, used 65504)",
     )
     parser.add_argument("--suffix-len", type=int, default=64)
     parser.add_argument("--num-prefixes", type=int, default=1)

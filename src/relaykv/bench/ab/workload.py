@@ -1,4 +1,5 @@
-"""The A/B workload: groups of prefix_repetition requests (the seed's c1/output1 style).
+"""The A/B workload: groups of prefix_repetition requests (the c1/output1 style of
+the upstream report, vLLM PR #56449).
 
 A group `cC/outputO:N` sends N prompts at concurrency C, each asking for O tokens, after
 the warmups (copies of the group's first prompt asking for one token: their job is to put

@@ -1,4 +1,5 @@
-"""The seed's fixed-engine correctness probe (docs/benchmarking.md "relaykv probe").
+"""The fixed-engine correctness probe of the upstream report, vLLM PR #56449 (docs/design.md
+§11; docs/benchmarking.md "relaykv probe").
 
 Two prompts x+a and x+b share a long prefix x (random token ids from one seeded
 generator: x, then a, then b, redrawing b if it equals a). Each is sent with
