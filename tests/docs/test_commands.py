@@ -49,5 +49,5 @@ def test_a_bad_flag_is_one_line_naming_it(sandbox: Sandbox) -> None:
 def test_tokenizer_export(sandbox: Sandbox) -> None:
     (command,) = TOKENIZER.commands()
     sandbox.run(command.text)
-    listed = sandbox.run("ls /tmp/tiny-hybrid-tokenizer").stdout.split()
+    listed = sandbox.run("ls tiny-hybrid-tokenizer").stdout.split()
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(listed)
