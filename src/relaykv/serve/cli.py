@@ -115,7 +115,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from relaykv.serve.api.app import create_app
     from relaykv.serve.api.server import serve_app
     from relaykv.serve.assembly.engine_factory import build_engine
-    from relaykv.serve.assembly.pd_wiring import connector_factory, kv_buffer_factory
+    from relaykv.serve.assembly.pd_wiring import (
+        connector_factory,
+        finish_process,
+        kv_buffer_factory,
+    )
 
     apply_torch_threads(args.torch_threads)
     try:
@@ -134,7 +138,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sglang_bootstrap.install(app, bootstrap)
     publisher = start_kv_events(served, events_config, app)
     try:
-        return serve_app(
+        status = serve_app(
             app,
             args.host,
             args.port,
@@ -145,6 +149,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     finally:
         if publisher is not None:
             publisher.shutdown()
+    return finish_process(options, status)
 
 
 def _torch_threads() -> int:

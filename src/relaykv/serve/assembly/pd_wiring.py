@@ -8,8 +8,11 @@ engine exists.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +86,26 @@ def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] 
         return torch.from_numpy(shared.array)
 
     return allocate
+
+
+def finish_process(options: EngineOptions, status: int) -> int:
+    """`status`, for the process to exit with as usual; or, when its KV transport loaded a
+    library that crashes in the C runtime's exit-time destructors
+    (`KVTransport.skips_library_destructors`: nixl), the end of the process here: the
+    non-daemon threads are joined and Python's exit handlers run as at a normal exit, the
+    standard streams are flushed, then `os._exit(status)`. Call it last, from a process's
+    main, after every transport is closed."""
+    if options.role == "colocated":
+        return status
+    if not get_transport(options.kv_transport).skips_library_destructors():
+        return status
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # What `relaykv up` (the launch layer) needs of the transfer layer, re-exported here because
