@@ -91,17 +91,16 @@ def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] 
 def finish_process(options: EngineOptions, status: int) -> int:
     """`status`, for the process to exit with as usual; or, when its KV transport loaded a
     library that crashes in the C runtime's exit-time destructors
-    (`KVTransport.skips_library_destructors`: nixl), the end of the process here: the
-    non-daemon threads are joined and Python's exit handlers run as at a normal exit, the
-    standard streams are flushed, then `os._exit(status)`. Call it last, from a process's
-    main, after every transport is closed."""
+    (`KVTransport.skips_library_destructors`: nixl), the end of the process here: what a
+    normal exit does first (stop thread pools, join the non-daemon threads: CPython's
+    `threading._shutdown`; run the `atexit` handlers), the standard streams flushed, then
+    `os._exit(status)`. Call it last, from a process's main, after every transport is
+    closed."""
     if options.role == "colocated":
         return status
     if not get_transport(options.kv_transport).skips_library_destructors():
         return status
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    getattr(threading, "_shutdown")()  # noqa: B009 (private: not in the type stubs)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
