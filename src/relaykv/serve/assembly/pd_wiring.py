@@ -2,7 +2,8 @@
 
 The connector is built over the engine's cache manager and the model runner's KV page buffer
 (`relaykv.transfer.PDConnector`); the engine factory calls the function returned here once the
-engine exists.
+engine exists. `finish_process` ends a server process whose transport's libraries crash at
+exit (nixl).
 """
 
 from __future__ import annotations
