@@ -26,7 +26,7 @@ import aiohttp
 
 from relaykv.bench.datasets import SampleRequest
 from relaykv.bench.outcome import RequestOutcome
-from relaykv.bench.sse import SSEDecoder
+from relaykv.common.messages.sse import SSEDecoder
 
 DONE = "[DONE]"
 
