@@ -11,7 +11,11 @@ import argparse
 import re
 
 from relaykv.common.workloads import SampleRequest
-from relaykv.common.workloads.flags import add_dataset_arguments, apply_general_lengths
+from relaykv.common.workloads.flags import (
+    add_arrival_arguments,
+    add_dataset_arguments,
+    apply_general_lengths,
+)
 from relaykv.common.workloads.flags import build_requests as requests_for_flags
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
@@ -116,10 +120,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         "--vocab-size", type=int, default=None, help="default: the model's"
     )
     load = parser.add_argument_group("load")
-    load.add_argument("--request-rate", type=float, default=float("inf"))
-    load.add_argument("--burstiness", type=float, default=1.0)
-    load.add_argument("--max-concurrency", type=int, default=None)
-    load.add_argument("--num-warmups", type=int, default=0)
+    add_arrival_arguments(load)
     load.add_argument(
         "--ignore-eos",
         action="store_true",

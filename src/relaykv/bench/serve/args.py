@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from relaykv.common.workloads.flags import add_dataset_arguments
+from relaykv.common.workloads.flags import add_arrival_arguments, add_dataset_arguments
 
 BACKENDS: tuple[str, ...] = ("vllm", "openai", "openai-chat", "sglang")
 PROMPT_FORMATS: tuple[str, ...] = ("auto", "ids", "text")
@@ -72,22 +72,7 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("load and sampling")
-    group.add_argument(
-        "--request-rate",
-        type=float,
-        default=float("inf"),
-        help="requests/s; inf sends all at once, else Poisson (or gamma)",
-    )
-    group.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson"
-    )
-    group.add_argument("--max-concurrency", type=int, default=None)
-    group.add_argument(
-        "--num-warmups",
-        type=int,
-        default=0,
-        help="copies of the first request sent before measuring",
-    )
+    add_arrival_arguments(group)
     group.add_argument("--ignore-eos", action="store_true")
     group.add_argument("--temperature", type=float, default=None)
     group.add_argument("--top-p", type=float, default=None)

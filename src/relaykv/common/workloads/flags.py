@@ -1,6 +1,6 @@
-"""The dataset flags `relaykv bench serve` and `relaykv sim` share: vLLM `bench serve`'s names
-and defaults (SGLang's for `--gsp-*`), and the requests they name (docs/benchmarking.md
-"Datasets"). Errors are `DatasetError`s naming the flag.
+"""The dataset and load flags `relaykv bench serve` and `relaykv sim` share: vLLM `bench
+serve`'s names and defaults (SGLang's for `--gsp-*`), and the requests they name
+(docs/benchmarking.md "Datasets"). Errors are `DatasetError`s naming the flag.
 """
 
 from __future__ import annotations
@@ -54,6 +54,26 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gsp-range-ratio", type=float, default=gsp.DEFAULT_RANGE_RATIO)
     group.add_argument(
         "--gsp-ordered", action="store_true", help="do not shuffle generated-shared-prefix requests"
+    )
+
+
+def add_arrival_arguments(group: argparse._ActionsContainer) -> None:
+    """The load flags: when requests are sent (`arrivals`) and how many at once."""
+    group.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="requests/s; inf sends all at once, else Poisson (or gamma)",
+    )
+    group.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson"
+    )
+    group.add_argument("--max-concurrency", type=int, default=None)
+    group.add_argument(
+        "--num-warmups",
+        type=int,
+        default=0,
+        help="copies of the first request sent before measuring",
     )
 
 
