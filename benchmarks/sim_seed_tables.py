@@ -21,13 +21,13 @@ import json
 import time
 from pathlib import Path
 
+from relaykv.common.workloads import arrival_offsets
 from relaykv.sim.cli import add_arguments, simulate
 from relaykv.sim.hardware import hardware_spec, link_spec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.plots import plot_run
 from relaykv.sim.results import public
 from relaykv.sim.sim_args import build_requests, cluster_spec
-from relaykv.sim.workload import arrival_offsets
 
 POLICIES = ("legacy", "replay-slack", "exact", "per-group")
 PR = [

@@ -173,10 +173,7 @@ def test_affinity_second_router_kill_and_restart(tmp_path: Path) -> None:
         # Restart it on the same port: back in rotation with a new, empty index.
         before = _routing(router)["engines"][victim.url]["decisions"]
         victim.process.wait(10)
-        with victim.log_path.open("ab") as log:
-            victim.process = subprocess.Popen(
-                victim.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        cluster.launch(victim)
         _wait(lambda: _decode_health(router)[victim.url], 120, "the restarted engine")
         assert _routing(router)["engines"][victim.url]["indexed_blocks"] == 0
         # New prefixes (no hit anywhere) spread on load, so the restarted engine gets some.

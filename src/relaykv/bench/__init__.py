@@ -6,7 +6,8 @@
 runs one workload against several cluster configurations in A/B/A order.
 
 Layering (docs/architecture.md): this package talks to servers over HTTP only and imports nothing
-else from relaykv, so it benchmarks relaykv, vLLM and SGLang alike.
+else from relaykv but the shared floor (the datasets and arrivals in `common/workloads/`, the
+SSE frames), so it benchmarks relaykv, vLLM and SGLang alike.
 """
 
 from __future__ import annotations

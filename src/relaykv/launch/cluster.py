@@ -13,11 +13,8 @@ member that outlives its timeout. Secrets reach members through `env`, never the
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,27 +25,7 @@ from pathlib import Path
 
 import httpx
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# Resolved before any fork: the child only calls it (no dynamic loading between fork and exec).
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:
-    """Run in the member between fork and exec: SIGTERM it (it drains and exits) when the
-    process that launched it dies, so a `relaykv up` killed by SIGKILL leaves no orphaned
-    engines holding ports, pools and shared memory (docs/security.md, "Faults and what
-    they cost").
-
-    The signal follows the launching *thread*; `relaykv up` launches and restarts members
-    from its main thread only."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from relaykv.common.plumbing.child_process import ChildProcess, free_port
 
 
 @dataclass(slots=True)
@@ -57,18 +34,19 @@ class Member:
     url: str
     argv: list[str]
     log_path: Path
-    process: subprocess.Popen | None = None
+    child: ChildProcess | None = None
     restarts: int = 0
 
     @property
     def role(self) -> str:
         return self.name.rstrip("0123456789")
 
+    @property
+    def process(self) -> subprocess.Popen[str] | None:
+        return None if self.child is None else self.child.proc
+
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return "(no log)" if self.child is None else self.child.log_tail(lines)
 
 
 class ClusterError(RuntimeError):
@@ -167,13 +145,14 @@ class Cluster:
 
     def launch(self, member: Member) -> None:
         """Start `member` (again), appending to its log."""
+        # The parent-death signal follows the launching *thread*: `relaykv up` launches and
+        # restarts members from its main thread only (docs/security.md, "Faults and what
+        # they cost": a `relaykv up` killed by SIGKILL leaves no orphaned engines).
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        with member.log_path.open("ab") as log:
-            member.process = subprocess.Popen(
-                member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,
-            )
+        member.child = ChildProcess(
+            member.argv, log_path=member.log_path, env=env, die_with_parent=True
+        )
+        member.child.start()
 
     def stop(self, timeout: float = 30.0, router_timeout: float = 90.0) -> dict[str, int]:
         """Drain in order: the router (it finishes what is in flight, up to its
@@ -181,22 +160,15 @@ class Cluster:
         codes: dict[str, int] = {}
         for role, wait_s in (("router", router_timeout), ("prefill", timeout),
                              ("decode", timeout)):
-            group = [m for m in self.members if m.role == role]
-            for member in group:
-                if member.process is not None and member.process.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(member.process.pid, signal.SIGTERM)
+            group = [m.child for m in self.members if m.role == role and m.child is not None]
+            for child in group:
+                child.signal_stop()
             deadline = time.monotonic() + wait_s
-            for member in group:
-                if member.process is None:
-                    continue
-                try:
-                    member.process.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(member.process.pid, signal.SIGKILL)
-                    member.process.wait(5)
-                codes[member.name] = member.process.returncode
+            for member in self.members:
+                if member.role == role and member.child is not None:
+                    code = member.child.finish(max(0.1, deadline - time.monotonic()))
+                    assert code is not None
+                    codes[member.name] = code
         return codes
 
     def describe(self) -> dict[str, object]:

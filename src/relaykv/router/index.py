@@ -39,7 +39,7 @@ from relaykv.kvcache import (
     rules_for,
 )
 from relaykv.kvcache.decode_loads import (
-    reusable_blocks,
+    held_probes,
     reused_indices,
     tokens_local_in,
 )
@@ -175,8 +175,7 @@ class EngineIndex:
         in the holders map when the prompt's counts of this group are at hand (the full
         groups, after `hit_bound`), else in the engine's own map."""
         if counts is None or self.slot is None or not rule.prefix_closed:
-            reused = reusable_blocks(req, rule, self.maps[rule.index], held)
-            return np.fromiter(reused, dtype=np.int64, count=len(reused))
+            return reused_indices(*held_probes(req, rule, self.maps[rule.index], held), rule.peek)
         stop = min(held.stop, len(req.keys(rule.index)))
         if held.start >= stop:
             return np.zeros(0, dtype=np.int64)

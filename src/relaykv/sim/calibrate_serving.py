@@ -33,8 +33,9 @@ import tempfile
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from relaykv.common.plumbing.child_process import ChildProcess
 from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
@@ -109,23 +110,14 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
     up += ["--speculative-tokens", str(k), *ENGINE]
     with tempfile.TemporaryDirectory() as tmp:
         # The members' logs go with the temporary directory (nothing reads them), instead of
-        # one /tmp/relaykv-up-* directory left behind per calibration.
-        proc = subprocess.Popen(
-            [*up, "--log-dir", str(Path(tmp) / "up")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
+        # one /tmp/relaykv-up-* directory left behind per calibration. SIGTERM goes to the
+        # up command alone: it stops its own cluster.
+        up_process = ChildProcess(
+            [*up, "--log-dir", str(Path(tmp) / "up")], pipe=True, env=env, signal_group=False
         )
+        up_process.start()
         try:
-            cluster = None
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("{") and '"router"' in line:
-                    cluster = json.loads(line)
-                    break
+            cluster = up_process.wait_for_line(_cluster_line, None)
             if cluster is None:
                 raise RuntimeError("relaykv up exited before printing its cluster JSON line")
             bench = [sys.executable, "-m", "relaykv", "bench", "serve"]
@@ -143,14 +135,16 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
             after = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
             result = json.loads((Path(tmp) / "serving.json").read_text())
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            up_process.stop(60)
     result["engine_means"] = {r: histogram_means(before[r], after[r]) for r in HISTOGRAMS}
     return result
+
+
+def _cluster_line(line: str) -> dict[str, Any] | None:
+    """The cluster JSON line `relaykv up --json` prints once every member is ready."""
+    if line.startswith("{") and '"router"' in line:
+        return cast(dict[str, Any], json.loads(line))
+    return None
 
 
 def _warmup_only(workload: list[str]) -> list[str]:

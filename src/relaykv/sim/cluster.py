@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaykv.common.workloads import SampleRequest
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PDPolicy, Role
 from relaykv.sim.clock import EventLoop
@@ -29,7 +30,6 @@ from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.routing import SimRouter
 from relaykv.sim.transport import SimTransport
-from relaykv.sim.workload import SimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +193,7 @@ class SimCluster:
     # -- the client --------------------------------------------------------------------
     def run(
         self,
-        requests: list[SimRequest],
+        requests: list[SampleRequest],
         offsets: list[float],
         *,
         max_concurrency: int | None,
@@ -207,7 +207,7 @@ class SimCluster:
         request (a progress bar)."""
         self._progress_hook = on_request_done
 
-        def params(r: SimRequest) -> SamplingParams:
+        def params(r: SampleRequest) -> SamplingParams:
             return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=ignore_eos)
 
         limit = max_concurrency or 1 << 30
@@ -223,13 +223,13 @@ class SimCluster:
 
     def _send_gated(
         self,
-        items: list[tuple[SimRequest, float]],
+        items: list[tuple[SampleRequest, float]],
         limit: int,
-        params: Callable[[SimRequest], SamplingParams],
+        params: Callable[[SampleRequest], SamplingParams],
         warmup: bool,
     ) -> None:
         start = self.loop.now
-        queue: deque[tuple[int, SimRequest]] = deque()
+        queue: deque[tuple[int, SampleRequest]] = deque()
         state = {"in_flight": 0}
         base = len(self.records)
 
@@ -238,8 +238,8 @@ class SimCluster:
                 i, r = queue.popleft()
                 state["in_flight"] += 1
                 self.submit(
-                    RequestRecord(base + i, len(r.prompt), r.output_len, warmup=warmup),
-                    r.prompt,
+                    RequestRecord(base + i, r.prompt_len, r.output_len, warmup=warmup),
+                    r.prompt_ids,
                     params(r),
                 )
 
@@ -251,7 +251,7 @@ class SimCluster:
         self._on_done = done
         for i, (r, offset) in enumerate(items):
 
-            def arrive(i: int = i, r: SimRequest = r) -> None:
+            def arrive(i: int = i, r: SampleRequest = r) -> None:
                 queue.append((i, r))
                 pump()
 

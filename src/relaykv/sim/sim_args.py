@@ -10,6 +10,13 @@ from __future__ import annotations
 import argparse
 import re
 
+from relaykv.common.workloads import SampleRequest
+from relaykv.common.workloads.flags import (
+    add_arrival_arguments,
+    add_dataset_arguments,
+    apply_general_lengths,
+)
+from relaykv.common.workloads.flags import build_requests as requests_for_flags
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
@@ -17,14 +24,6 @@ from relaykv.router.policy import ROUTING_MODES
 from relaykv.sim.cluster import ClusterSpec
 from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
 from relaykv.sim.models import ModelSpec
-from relaykv.sim.workload import (
-    DATASETS,
-    SimRequest,
-    WorkloadError,
-    prefix_repetition_dataset,
-    random_dataset,
-    shared_prefix_dataset,
-)
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B?)\s*$", re.IGNORECASE)
 
@@ -116,34 +115,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    d = parser.add_argument_group("dataset (relaykv bench serve's flags)")
-    d.add_argument("--dataset-name", default="random", choices=DATASETS)
-    d.add_argument("--num-prompts", type=int, default=1000)
-    d.add_argument("--seed", type=int, default=None)
-    d.add_argument("--disable-shuffle", action="store_true")
-    d.add_argument("--vocab-size", type=int, default=None, help="default: the model's")
-    d.add_argument("--input-len", type=int, default=None)
-    d.add_argument("--output-len", type=int, default=None)
-    d.add_argument("--random-input-len", type=int, default=1024)
-    d.add_argument("--random-output-len", type=int, default=128)
-    d.add_argument("--random-range-ratio", type=float, default=0.0)
-    d.add_argument("--random-prefix-len", type=int, default=0)
-    d.add_argument("--prefix-repetition-prefix-len", type=int, default=256)
-    d.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
-    d.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
-    d.add_argument("--prefix-repetition-output-len", type=int, default=128)
-    d.add_argument("--gsp-num-groups", type=int, default=64)
-    d.add_argument("--gsp-prompts-per-group", type=int, default=16)
-    d.add_argument("--gsp-system-prompt-len", type=int, default=2048)
-    d.add_argument("--gsp-question-len", type=int, default=128)
-    d.add_argument("--gsp-output-len", type=int, default=256)
-    d.add_argument("--gsp-range-ratio", type=float, default=1.0)
-    d.add_argument("--gsp-ordered", action="store_true")
+    add_dataset_arguments(parser)
+    parser.add_argument_group("vocabulary").add_argument(
+        "--vocab-size", type=int, default=None, help="default: the model's"
+    )
     load = parser.add_argument_group("load")
-    load.add_argument("--request-rate", type=float, default=float("inf"))
-    load.add_argument("--burstiness", type=float, default=1.0)
-    load.add_argument("--max-concurrency", type=int, default=None)
-    load.add_argument("--num-warmups", type=int, default=0)
+    add_arrival_arguments(load)
     load.add_argument(
         "--ignore-eos",
         action="store_true",
@@ -152,43 +129,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_requests(args: argparse.Namespace, model_vocab: int) -> list[SimRequest]:
-    vocab = args.vocab_size or model_vocab
-    out_len = args.output_len
-    if args.dataset_name == "random":
-        return random_dataset(
-            args.num_prompts,
-            vocab,
-            args.input_len or args.random_input_len,
-            out_len or args.random_output_len,
-            args.random_range_ratio,
-            args.random_prefix_len,
-            args.seed or 0,
-        )
-    if args.dataset_name == "prefix_repetition":
-        return prefix_repetition_dataset(
-            args.num_prompts,
-            vocab,
-            args.prefix_repetition_prefix_len,
-            args.prefix_repetition_suffix_len,
-            args.prefix_repetition_num_prefixes,
-            out_len or args.prefix_repetition_output_len,
-            args.seed or 0,
-            not args.disable_shuffle,
-        )
-    if args.dataset_name == "generated-shared-prefix":
-        return shared_prefix_dataset(
-            vocab,
-            args.gsp_num_groups,
-            args.gsp_prompts_per_group,
-            args.gsp_system_prompt_len,
-            args.gsp_question_len,
-            out_len or args.gsp_output_len,
-            args.gsp_range_ratio,
-            42 if args.seed is None else args.seed,
-            not (args.gsp_ordered or args.disable_shuffle),
-        )
-    raise WorkloadError(f"--dataset-name {args.dataset_name!r} is not supported")
+def build_requests(args: argparse.Namespace, model_vocab: int) -> list[SampleRequest]:
+    """The requests `relaykv bench serve` would send for these flags (`--vocab-size`, else
+    the model's vocabulary); raises DatasetError naming the flag."""
+    apply_general_lengths(args)
+    return requests_for_flags(args, args.vocab_size or model_vocab)
 
 
 def pool_blocks(
@@ -211,7 +156,7 @@ def cluster_spec(
     model: ModelSpec,
     hw: HardwareSpec,
     link: LinkSpec,
-    requests: list[SimRequest],
+    requests: list[SampleRequest],
     parser: argparse.ArgumentParser,
 ) -> ClusterSpec:
     for flag in ("prefill_tp", "decode_tp", "num_decode", "max_num_seqs"):
@@ -224,7 +169,7 @@ def cluster_spec(
     if not 0.0 <= args.acceptance_rate <= 1.0:
         parser.error("argument --acceptance-rate: must be in [0, 1]")
     k = args.speculative_tokens
-    longest = max(len(r.prompt) + r.output_len for r in requests)
+    longest = max(r.prompt_len + r.output_len for r in requests)
     max_len = args.max_model_len or longest + k + 2
     geometry = model.geometry(with_draft=k > 0)
     blocks = args.num_blocks or min(

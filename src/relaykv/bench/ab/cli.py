@@ -32,10 +32,10 @@ from relaykv.bench.ab.plots import write_plots
 from relaykv.bench.ab.report import build_rows, markdown_table, write_tables
 from relaykv.bench.ab.workload import DEFAULT_GROUPS, Workload, parse_group, run_group
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets import DatasetError
 from relaykv.bench.engine_counters import ClusterUrls
 from relaykv.bench.probe.run import probe_prompts, run_probe
 from relaykv.bench.server_info import ServerError, fetch_served_model
+from relaykv.common.workloads import DatasetError
 
 PROG = "relaykv bench ab"
 DEFAULT_VOCAB_SIZE = 32000

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets import prefix_repetition_requests
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
 from relaykv.bench.metrics import compute_metrics
 from relaykv.bench.runner import LoadShape, run_requests
 from relaykv.bench.serve.report import RunDescription, build_result
 from relaykv.bench.server_info import ServerError
+from relaykv.common.workloads import prefix_repetition_requests
 
 GROUP_PATTERN = re.compile(r"^c(\d+)/output(\d+):(\d+)$")
 DEFAULT_GROUPS: tuple[str, ...] = ("c1/output1:8", "c8/output1:40", "c8/output128:40")

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from relaykv.bench.client import ApiTarget, send_request
-from relaykv.bench.datasets import SampleRequest
 from relaykv.bench.engine_counters import (
     ClusterUrls,
     Counters,
@@ -31,6 +30,7 @@ from relaykv.bench.engine_counters import (
 from relaykv.bench.outcome import RequestOutcome
 from relaykv.bench.runner import new_session
 from relaykv.bench.server_info import ServerError
+from relaykv.common.workloads import SampleRequest
 
 PHASES: tuple[str, ...] = ("first_load", "serial", "overlap")
 REPORTED: tuple[str, ...] = ("local_hit_tokens", "external_hit_tokens", "kv_bytes_received")

@@ -1,3 +1,4 @@
 """HTTP and process plumbing the servers share: a uvicorn server whose SIGTERM drains
-(`graceful`) and secrets read from private files, never from a command line
-(`secret_files`)."""
+(`graceful`), the guard that cancels a handler's work when its client disconnects
+(`disconnect`), secrets read from private files, never from a command line
+(`secret_files`), and the one supervisor of a child process (`child_process`)."""

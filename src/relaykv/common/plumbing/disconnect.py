@@ -1,11 +1,12 @@
-"""Client disconnects abort the work the router does for them, streaming or not.
+"""A client that disconnects cancels the work done for it (docs/serving.md, "Client
+disconnects").
 
-Once the router has read a request's body, the next ASGI `receive()` only returns when the
-client goes away (`http.disconnect`). `unless_disconnected` runs the router's work for a
-request (the prefill call, a non-streaming decode call) against that: if the client leaves
-first, the work is cancelled, which closes the connection to the engine, and the engine
-aborts the request and frees its blocks (docs/serving.md, "Client disconnects"). Streams
-need no watcher: the server cancels the relaying generator, which closes the engine's stream.
+Once a handler has read a request's body, the next ASGI `receive()` only returns when the
+client goes away (`http.disconnect`). `unless_disconnected` runs a handler's work against
+that: if the client leaves first, the work is cancelled, which aborts what it awaits (the
+engine's request and its blocks for the engine's server; the connection to the engine, and
+so the engine's request, for the router). Streams need no watcher: the server cancels the
+body iterator on `http.disconnect`, which closes whatever it reads.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from fastapi import Request
+from starlette.requests import Request
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()
@@ -45,6 +46,6 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+    if task in done:
+        return task.result()
+    raise ClientGone()

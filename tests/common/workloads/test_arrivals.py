@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from relaykv.bench.arrivals import arrival_offsets, distribution_name
+from relaykv.common.workloads.arrivals import arrival_offsets, distribution_name
 
 
 def test_infinite_rate_sends_everything_at_zero() -> None:

@@ -15,10 +15,11 @@ Definition (SGLang `sample_generated_shared_prefix_requests`, uniform groups):
 from __future__ import annotations
 
 import random
+from typing import cast
 
 import numpy as np
 
-from relaykv.bench.datasets.sample import (
+from relaykv.common.workloads.sample import (
     DatasetError,
     SampleRequest,
     require_non_negative,
@@ -41,7 +42,7 @@ def sglang_random_lens(
     if full_len <= 0:
         return [0] * num
     low = max(int(full_len * range_ratio), 1)
-    return lengths.randint(low, full_len + 1, size=num).tolist()
+    return cast(list[int], lengths.randint(low, full_len + 1, size=num).tolist())
 
 
 def generated_shared_prefix_requests(

@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 
-from relaykv.bench.datasets.sample import (
+from relaykv.common.workloads.sample import (
     DatasetError,
     SampleRequest,
     require_non_negative,

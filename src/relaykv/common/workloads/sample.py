@@ -1,4 +1,4 @@
-"""The request record every dataset produces."""
+"""The request record every dataset produces, and the checks that name a bad flag."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 class DatasetError(ValueError):
-    """Bad dataset parameters; the message names the flag (CLI exit status 2)."""
+    """Bad dataset or load parameters; the message names the flag (CLI exit status 2)."""
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relaykv.bench.datasets.sample import DatasetError, SampleRequest
+from relaykv.common.workloads.sample import DatasetError, SampleRequest
 
 MAX_ROUNDS = 10
 

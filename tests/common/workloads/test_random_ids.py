@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from relaykv.bench.datasets import DatasetError, allowed_ids, random_requests
-from relaykv.bench.datasets.random_ids import length_bounds
+from relaykv.common.workloads import DatasetError, allowed_ids, random_requests
+from relaykv.common.workloads.random_ids import length_bounds
 
 
 def test_fixed_lengths_without_range_ratio() -> None:

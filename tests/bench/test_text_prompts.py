@@ -10,8 +10,8 @@ from tokenizers import AddedToken, Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from relaykv.bench.datasets import DatasetError, SampleRequest
-from relaykv.bench.datasets.text_prompts import PromptTokenizer, as_text_requests
+from relaykv.bench.text_prompts import PromptTokenizer, as_text_requests
+from relaykv.common.workloads import DatasetError, SampleRequest
 
 
 @pytest.fixture

@@ -10,8 +10,11 @@ keeps throughput comparable across seeds.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
+
+from relaykv.common.workloads.sample import DatasetError
 
 
 def arrival_offsets(
@@ -21,9 +24,9 @@ def arrival_offsets(
     if num_requests <= 0:
         return []
     if not request_rate > 0:
-        raise ValueError(f"--request-rate must be > 0, got {request_rate}")
+        raise DatasetError(f"--request-rate must be > 0, got {request_rate}")
     if not burstiness > 0:
-        raise ValueError(f"--burstiness must be > 0, got {burstiness}")
+        raise DatasetError(f"--burstiness must be > 0, got {burstiness}")
     if math.isinf(request_rate):
         return [0.0] * num_requests
     if math.isinf(burstiness):
@@ -35,7 +38,7 @@ def arrival_offsets(
     times = np.cumsum(gaps)
     if times[-1] > 0:
         times *= (num_requests / request_rate) / times[-1]
-    return times.tolist()
+    return cast(list[float], times.tolist())
 
 
 def distribution_name(burstiness: float) -> str:

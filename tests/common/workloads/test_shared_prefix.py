@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from relaykv.bench.datasets import DatasetError, generated_shared_prefix_requests
-from relaykv.bench.datasets.shared_prefix import sglang_random_lens
+from relaykv.common.workloads import DatasetError, generated_shared_prefix_requests
+from relaykv.common.workloads.shared_prefix import sglang_random_lens
 
 
 def test_total_is_groups_times_prompts_and_lengths_are_exact_by_default() -> None:

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from relaykv.bench.datasets import DatasetError, prefix_repetition_requests
+from relaykv.common.workloads import DatasetError, prefix_repetition_requests
 
 
 def _split(reqs, prefix_len):
