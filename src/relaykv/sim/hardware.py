@@ -136,7 +136,7 @@ def check_conditions(
             "made by an older relaykv; run `relaykv sim calibrate` again"
         )
     got = CalibrationConditions(**raw)
-    again = f"or run `relaykv sim calibrate` with the simulation's flags ({name} is per run)"
+    again = "or run `relaykv sim calibrate` again with the simulation's flags"
     want_draft = draft if k else None
     if got.model != model:
         return "--model", f"the calibration {name} timed {got.model}, not {model}"
