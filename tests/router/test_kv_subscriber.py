@@ -164,3 +164,34 @@ def test_off_host_stream_needs_the_secret() -> None:
     with pytest.raises(ValueError, match="cluster secret"):
         _publisher(host="0.0.0.0")
     assert _publisher().describe()["curve"] is False  # loopback: vLLM's plain wire
+
+
+async def test_a_curve_engine_is_followed_only_with_the_cluster_secret(caplog) -> None:
+    """An engine reporting a CURVE stream: a router with the secret subscribes with the
+    derived keys; one without routes that engine on load alone and says why."""
+    from relaykv.common.messages.geometry_json import geometry_json
+    from relaykv.router.backends import Backend
+    from relaykv.router.engines import Engines
+    from relaykv.router.holders import KeyHolders
+
+    pub = _publisher(host="0.0.0.0", secret=SECRET)
+    info = {"instance": "i1", "geometry": geometry_json(GEO), "role": "decode",
+            "kv_events": {**pub.describe(), "endpoint": _local(pub.endpoint),
+                          "replay_endpoint": _local(str(pub.replay_endpoint))}}
+    with_secret = Engines(KeyHolders(), follow_events=True, kv_secret=SECRET)
+    without = Engines(KeyHolders(), follow_events=True)
+    backend = Backend("http://127.0.0.1:1", "decode")
+    try:
+        keys = await asyncio.to_thread(_store, pub, 2)
+        await with_secret._follow(with_secret.tracker(backend), backend, info)
+        t = with_secret.tracker(backend)
+        assert t.subscriber is not None and t.subscriber.curve == CurveKeys.from_secret(SECRET)
+        index = t.index
+        assert index is not None
+        await _until(lambda: set(index.maps[0]) == set(keys))
+        await without._follow(without.tracker(backend), backend, info)
+        assert without.tracker(backend).subscriber is None
+        assert "no cluster secret (--kv-secret-file)" in caplog.text
+    finally:
+        await with_secret.stop()
+        pub.shutdown()
