@@ -21,6 +21,7 @@ from relaykv.engine.kv_events import ZmqEventPublisher
 from relaykv.engine.kv_events_config import (
     KVEventsConfig,
     KVEventsConfigError,
+    off_host,
     parse_kv_events_config,
 )
 from relaykv.kvcache import KVCacheManager, KVEvent
@@ -276,3 +277,15 @@ def test_default_endpoint_binds_loopback() -> None:
         assert publisher.endpoint.startswith("tcp://127.0.0.1:")
     finally:
         publisher.shutdown()
+
+
+def test_only_endpoints_off_the_host_need_curve() -> None:
+    """Loopback tcp stays vLLM's plain wire (for vLLM's consumers on this host); ipc is
+    guarded by its directory; an address other hosts reach is CURVE (docs/kv-events.md)."""
+    for endpoint in ("tcp://*:5557", "tcp://*:*", "tcp://127.0.0.1:1", "tcp://localhost:2",
+                     "tcp://[::1]:3", "ipc:///run/x/events", "inproc://events"):
+        assert not off_host(endpoint), endpoint
+        assert not _config(endpoint=endpoint, replay_endpoint=None).curve
+    for endpoint in ("tcp://0.0.0.0:1", "tcp://[::]:2", "tcp://10.0.0.1:3", "tcp://host-a:4"):
+        assert off_host(endpoint), endpoint
+        assert _config(endpoint="tcp://*:5557", replay_endpoint=endpoint).curve

@@ -8,6 +8,10 @@ own port (supervisor.py restarts dead ones). `Cluster.stop` drains in order (doc
 "Stopping"): SIGTERM to the router, which stops taking requests and lets those in flight
 finish; once it has exited, the prefill engines; then the decode engines; SIGKILL only for a
 member that outlives its timeout. Secrets reach members through `env`, never their argv.
+
+With KV events on (cache-aware routing), each engine publishes them and serves their replay
+on `ipc://` sockets in the cluster's runtime directory (`run_dir`, mode 0700: the kernel
+lets no other uid reach them; docs/security.md, "Listeners"), never on a TCP port.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +31,8 @@ from pathlib import Path
 import httpx
 
 from relaykv.common.plumbing.child_process import ChildProcess, free_port
+
+_MAX_IPC_PATH = 100  # sun_path holds 107 bytes and a NUL
 
 
 @dataclass(slots=True)
@@ -66,7 +73,9 @@ class Cluster:
     log_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment (secrets)
     kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
+    run_dir: Path | None = None  # private (0700) directory of the event sockets
     members: list[Member] = field(default_factory=list)
+    _own_run_dir: bool = False
 
     @property
     def router(self) -> Member:
@@ -82,6 +91,9 @@ class Cluster:
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="relaykv-up-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
+        if self.kv_events and self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix="relaykv-run-"))  # mode 0700
+            self._own_run_dir = True
         host = f"[{self.host}]" if ":" in self.host else self.host
         for role, count, extra in (
             ("prefill", self.num_prefill, self.prefill_args),
@@ -90,7 +102,8 @@ class Cluster:
             for i in range(count):
                 port = free_port(self.host)
                 argv = [*self._command(), "serve", "--role", role, "--host", self.host,
-                        "--port", str(port), *self.engine_args, *extra, *self._events_args()]
+                        "--port", str(port), *self.engine_args, *extra,
+                        *self._events_args(f"{role}{i}")]
                 self.members.append(Member(f"{role}{i}", f"http://{host}:{port}", argv,
                                            log_dir / f"{role}{i}.log"))
         port = self.router_port or free_port(self.host)
@@ -99,15 +112,22 @@ class Cluster:
                 "--decode", ",".join(self.urls("decode")), *self.router_args]
         self.members.append(Member("router", f"http://{host}:{port}", argv, log_dir / "router.log"))
 
-    def _events_args(self) -> list[str]:
+    def _events_args(self, name: str) -> list[str]:
+        """Events and replay on ipc sockets in the private runtime directory: the router is
+        on this host, and no other uid can enter the directory (a restarted engine binds
+        the same paths again)."""
         if not self.kv_events:
             return []
-        # `*` binds loopback in relaykv (docs/kv-events.md); an explicit host binds there.
-        host = "*" if self.host in ("127.0.0.1", "localhost") else self.host
+        assert self.run_dir is not None
+        sockets = [self.run_dir / f"{name}-{kind}" for kind in ("events", "replay")]
+        if any(len(str(path)) > _MAX_IPC_PATH for path in sockets):
+            raise ClusterError(
+                f"the runtime directory {self.run_dir} is too long a path for a unix socket "
+                f"(at most {_MAX_IPC_PATH} characters); set TMPDIR to a shorter directory"
+            )
         config = {
             "enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": f"tcp://{host}:{free_port(self.host)}",
-            "replay_endpoint": f"tcp://{host}:{free_port(self.host)}",
+            "endpoint": f"ipc://{sockets[0]}", "replay_endpoint": f"ipc://{sockets[1]}",
         }
         return ["--kv-events-config", json.dumps(config)]
 
@@ -169,6 +189,8 @@ class Cluster:
                     code = member.child.finish(max(0.1, deadline - time.monotonic()))
                     assert code is not None
                     codes[member.name] = code
+        if self._own_run_dir and self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         return codes
 
     def describe(self) -> dict[str, object]:

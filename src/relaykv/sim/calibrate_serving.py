@@ -3,7 +3,8 @@
 A served token costs more than the runner's step: the engine's bookkeeping around each
 step (scheduling, hashing, commits, streaming on the engine's event loop) and the HTTP
 hops through the router. `relaykv sim calibrate` measures them on a real local cluster
-(`relaykv up`, single-threaded engines) with `relaykv bench serve` on its own workload
+(`relaykv up`, with the runner's k, draft, torch threads and the timed transport) with
+`relaykv bench serve` on its own workload
 (random prompts at concurrency 1, greedy, after a warmup request: not the validation
 workloads), and
 reads the engines' own latency histograms before and after, so that each overhead is
@@ -102,12 +103,26 @@ def histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[s
     return means
 
 
-def measure_serving(model: str, k: int) -> dict[str, Any]:
+def measure_serving(
+    model: str,
+    k: int,
+    *,
+    torch_threads: int | None = 1,
+    draft: str = "shipped",
+    kv_transport: str = "shm",
+) -> dict[str, Any]:
     """`bench serve`'s result of `WORKLOAD` on a real local P/D cluster, plus the engines'
-    histogram means over the measured requests (`engine_means`: role -> name -> seconds)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    histogram means over the measured requests (`engine_means`: role -> name -> seconds).
+    The engines run with the runner's timing conditions: k draft tokens of `draft`
+    (`shipped`: the model's own; `random`), `torch_threads` torch threads each (None:
+    `relaykv up`'s default) and `kv_transport`."""
+    env = dict(os.environ)
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--model", model]
-    up += ["--speculative-tokens", str(k), *ENGINE]
+    up += ["--speculative-tokens", str(k), "--kv-transport", kv_transport, *ENGINE]
+    if k and draft == "random":
+        up += ["--draft-model", "random"]
+    if torch_threads is not None:
+        up += ["--torch-threads", str(torch_threads)]
     with tempfile.TemporaryDirectory() as tmp:
         # The members' logs go with the temporary directory (nothing reads them), instead of
         # one /tmp/relaykv-up-* directory left behind per calibration. SIGTERM goes to the

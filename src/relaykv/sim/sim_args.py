@@ -8,6 +8,7 @@ command line moves between the two unchanged; flags that only concern a real ser
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from relaykv.common.workloads import SampleRequest
@@ -22,7 +23,13 @@ from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
 from relaykv.router.policy import ROUTING_MODES
 from relaykv.sim.cluster import ClusterSpec
-from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
+from relaykv.sim.hardware import (
+    HardwareSpec,
+    LinkSpec,
+    calibrated_acceptance,
+    check_conditions,
+    is_calibration,
+)
 from relaykv.sim.models import ModelSpec
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B?)\s*$", re.IGNORECASE)
@@ -69,6 +76,21 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--hardware file's link, else rdma)",
     )
     g.add_argument("--speculative-tokens", type=int, default=0)
+    g.add_argument(
+        "--draft-model",
+        default="shipped",
+        choices=("shipped", "random"),
+        help="the EAGLE draft with --speculative-tokens: the model's shipped one (relaykv "
+        "serve's default) or random (--draft-model random); a calibration file must match",
+    )
+    g.add_argument(
+        "--torch-threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="torch threads per engine (default: relaykv up's, torch's own: one per core or "
+        "$OMP_NUM_THREADS); a calibration file must have timed the same",
+    )
     g.add_argument(
         "--acceptance-rate",
         type=float,
@@ -129,6 +151,29 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def torch_threads(args: argparse.Namespace) -> int:
+    """The torch threads per engine the run asks for: `--torch-threads`, else what an engine
+    of `relaykv up` gets by default (`$OMP_NUM_THREADS`, else torch's own count)."""
+    if args.torch_threads:
+        return int(args.torch_threads)
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def build_requests(args: argparse.Namespace, model_vocab: int) -> list[SampleRequest]:
     """The requests `relaykv bench serve` would send for these flags (`--vocab-size`, else
     the model's vocabulary); raises DatasetError naming the flag."""
@@ -164,6 +209,16 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
+    if is_calibration(args.hardware):
+        mismatch = check_conditions(
+            args.hardware,
+            args.model,
+            args.speculative_tokens,
+            args.draft_model,
+            torch_threads(args),
+        )
+        if mismatch is not None:
+            parser.error(f"argument {mismatch[0]}: {mismatch[1]}")
     if args.acceptance_rate is None:
         args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
