@@ -18,18 +18,13 @@ from relaykv.cache_probe.oracle import oracle_hit
 from relaykv.kvcache import NULL_BLOCK, CacheRequest, rules_for
 from relaykv.kvcache.tier import TieredKeys, TierIndex, TierPlan, find_tiered_hit
 
-from ..strategies import geometries
+from ..strategies import branching_prompts, geometries
 
 BASES = [[i % 5 for i in range(90)], [(i * 7) % 5 for i in range(90)]]
 
 
 def prompts() -> st.SearchStrategy[list[int]]:
-    return st.builds(
-        lambda b, keep, tail: (b[:keep] + tail) or [1],
-        st.sampled_from(BASES),
-        st.integers(0, 90),
-        st.lists(st.integers(0, 4), max_size=12),
-    )
+    return branching_prompts(BASES, 12)
 
 
 class _Maps:

@@ -85,6 +85,10 @@ class TierIndex:
     def num_used(self) -> int:
         return self.capacity - self.num_free
 
+    def holds(self, group: int, key: bytes) -> bool:
+        """The tier has the block or is storing it."""
+        return key in self.maps[group] or key in self._pending[group]
+
     def slot_of(self, group: int, key: bytes) -> int | None:
         """The slot holding a stored block (None: absent or still in flight)."""
         return self.maps[group].get(key)
