@@ -25,7 +25,7 @@ from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit, longest_hit_tokens
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
 from relaykv.kvcache.pd_plan import pd_plan, prefill_hit_cap
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
@@ -92,7 +92,15 @@ class KVCacheManager:
         self._abandoned: set[str] = set()  # released while their tier load flies
         if tier is not None:
             interval = parse_interval(tier_interval, geometry.alignment, self.retention)
-            self.tier = KVTier(self.rules, tier, interval)
+            medium = tier.medium
+            self.tier = KVTier(
+                self.rules,
+                tier,
+                interval,
+                lambda kind, group, keys: self.events.emit(
+                    KVEvent(kind, group, keys, medium=medium)
+                ),
+            )
 
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Send the pool's KV events to `sink` (docs/kv-events.md)."""

@@ -12,13 +12,14 @@ drives all of it for one engine's cache manager.
 
 from __future__ import annotations
 
-from relaykv.kvcache.tier.backend import TierBackend
+from relaykv.kvcache.tier.backend import InstantTier, TierBackend
 from relaykv.kvcache.tier.index import TierIndex
 from relaykv.kvcache.tier.jobs import JobKind, TierCopy, TierJob
 from relaykv.kvcache.tier.lookup import TieredKeys, find_tiered_hit
 from relaykv.kvcache.tier.plan import TierPlan, parse_interval
 
 __all__ = [
+    "InstantTier",
     "JobKind",
     "TierBackend",
     "TierCopy",

@@ -53,3 +53,25 @@ class TierBackend(Protocol):
     def shutdown(self) -> None:
         """Stop accepting jobs and release the tier's memory (in-flight jobs may be lost)."""
         ...
+
+
+class InstantTier:
+    """A tier that moves no bytes: every job ends, successfully, at the next `poll`. For
+    tools that drive the cache without KV memory (`relaykv cache-probe --tier-blocks`)."""
+
+    name = "instant"
+    medium = "CPU"
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self._done: list[tuple[TierJob, bool]] = []
+
+    def submit(self, job: TierJob) -> None:
+        self._done.append((job, True))
+
+    def poll(self) -> list[tuple[TierJob, bool]]:
+        done, self._done = self._done, []
+        return done
+
+    def shutdown(self) -> None:
+        self._done.clear()

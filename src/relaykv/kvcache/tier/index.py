@@ -21,11 +21,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from relaykv.kvcache.tier.plan import TierPlan
 
-# (kind "stored" | "removed", group, keys): what the tier can serve changed (KV events).
-TierEventSink = Callable[[str, int, tuple[bytes, ...]], None]
+# (kind, group, keys): what the tier can serve changed (KV events).
+TierEventKind = Literal["stored", "removed"]
+TierEventSink = Callable[[TierEventKind, int, tuple[bytes, ...]], None]
 
 
 @dataclass(slots=True)
@@ -149,7 +151,7 @@ class TierIndex:
     def stored(self, slots: Sequence[int], ok: bool) -> None:
         """A store of `slots` ended. OK: their keys become visible. Failed: every node owning
         one is dropped with its descendants (their chains are incomplete)."""
-        visible: dict[int, list[bytes]] = {}
+        visible: dict[int, list[bytes]] = {}  # group -> keys now served
         for slot in slots:
             rec = self._slots[slot]
             rec.pending = False

@@ -1,8 +1,9 @@
 """The native tier: host memory per engine (`--kv-offloading-backend native`, docs/tier.md).
 
 A `[capacity, block_bytes]` host buffer (pinned when the pages live on a GPU, so copies are
-true DMA) and one worker thread that runs the jobs in order: a store gathers the job's device
-blocks and scatters them into their slots, a load the reverse. The engine's step thread only
+true DMA; touched once by the worker at start otherwise) and one worker thread that runs the
+jobs in order: a store gathers the job's device blocks and scatters them into their slots, a
+load the reverse. The engine's step thread only
 queues jobs and collects finished ones (`poll`): no copy runs on the step's critical path.
 On a GPU the worker copies on its own CUDA stream, ordered after the work already queued on
 the default stream (the step that wrote the blocks). On the CPU engine the "device" pool and
@@ -16,6 +17,7 @@ import queue
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
 from relaykv.kvcache.tier import JobKind, TierJob
@@ -41,6 +43,9 @@ class HostTier:
         self.host = torch.empty(
             (capacity_blocks, kv_buffer.shape[1]), dtype=kv_buffer.dtype, pin_memory=self._cuda
         )
+        if not self._cuda:
+            self._kv_np = kv_buffer.numpy()  # the same memory
+            self._host_np = self.host.numpy()
         self._jobs: queue.SimpleQueue[TierJob | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[tuple[TierJob, bool]] = queue.SimpleQueue()
         self._stream = torch.cuda.Stream(kv_buffer.device) if self._cuda else None
@@ -70,6 +75,10 @@ class HostTier:
 
     # -- the worker ---------------------------------------------------------------------
     def _run(self) -> None:
+        if not self._cuda:
+            # Touch every page of the host buffer once, here and not in the first stores (a
+            # page fault per 4 KiB costs more than the copy); pinned memory is resident.
+            self.host.zero_()
         while True:
             job = self._jobs.get()
             if job is None:
@@ -83,31 +92,50 @@ class HostTier:
             self._done.put((job, ok))
 
     def _copy(self, job: TierJob) -> None:
-        slots = torch.tensor([c.slot for c in job.copies], dtype=torch.long)
-        blocks = torch.tensor([c.block for c in job.copies], dtype=torch.long)
         nbytes = job.num_blocks * int(self.kv.shape[1]) * self.kv.element_size()
+        store = job.kind is JobKind.STORE
         if self._stream is None:
-            if job.kind is JobKind.STORE:
-                self.host.index_copy_(0, slots, self.kv.index_select(0, blocks))
-                self.bytes_stored += nbytes
+            # numpy's gather and scatter run on this thread alone, without the GIL (torch's
+            # indexed copies would spread over the intra-op threads the step computes on).
+            blocks = np.fromiter((c.block for c in job.copies), np.int64, job.num_blocks)
+            slots = np.fromiter((c.slot for c in job.copies), np.int64, job.num_blocks)
+            if store:
+                self._host_np[slots] = self._kv_np[blocks]
             else:
-                self.kv.index_copy_(0, blocks, self.host.index_select(0, slots))
-                self.bytes_loaded += nbytes
-            return
+                self._kv_np[blocks] = self._host_np[slots]
+        else:
+            self._copy_cuda(job, store)
+        if store:
+            self.bytes_stored += nbytes
+        else:
+            self.bytes_loaded += nbytes
+
+    def _copy_cuda(self, job: TierJob, store: bool) -> None:
+        assert self._stream is not None
         device = self.kv.device
         with torch.cuda.stream(self._stream):
             self._stream.wait_stream(torch.cuda.default_stream(device))
-            dev_blocks = blocks.to(device, non_blocking=True)
-            if job.kind is JobKind.STORE:
-                staged = self.kv.index_select(0, dev_blocks).to("cpu", non_blocking=True)
-                self._stream.synchronize()
-                self.host.index_copy_(0, slots, staged)
-                self.bytes_stored += nbytes
-            else:
-                staged = self.host.index_select(0, slots).pin_memory()
-                self.kv.index_copy_(0, dev_blocks, staged.to(device, non_blocking=True))
-                self._stream.synchronize()
-                self.bytes_loaded += nbytes
+            for block, slot, count in _runs(job):
+                dev, hst = self.kv[block : block + count], self.host[slot : slot + count]
+                if store:
+                    hst.copy_(dev, non_blocking=True)  # pinned host: a true async DMA
+                else:
+                    dev.copy_(hst, non_blocking=True)
+            self._stream.synchronize()
+
+
+def _runs(job: TierJob) -> list[tuple[int, int, int]]:
+    """The job's copies as `(first block, first slot, count)` runs of consecutive pairs."""
+    pairs = sorted((c.block, c.slot) for c in job.copies)
+    runs: list[tuple[int, int, int]] = []
+    for block, slot in pairs:
+        if runs:
+            b0, s0, n = runs[-1]
+            if block == b0 + n and slot == s0 + n:
+                runs[-1] = (b0, s0, n + 1)
+                continue
+        runs.append((block, slot, 1))
+    return runs
 
 
 def host_tier(request: TierRequest) -> HostTier:
