@@ -90,12 +90,14 @@ class KVTier:
         for r in points:
             if plan.ready_at(r) > upto:
                 break
-            chain.after = r
             if chain.parent is not None and chain.parent not in self.index.nodes:
                 chain.parent_r, chain.parent = 0, None  # evicted: the next one is a root
             items = plan.items(keys, r, chain.parent_r)
-            blocks = self._device_blocks(req, items, pool) if items is not None else None
-            if items is None or blocks is None:
+            if items is None:
+                break  # a successor key needs a token not sampled yet: the next commit
+            chain.after = r
+            blocks = self._device_blocks(req, items, pool)
+            if blocks is None:
                 self.stats.checkpoints_skipped += 1
                 continue
             node = plan.node_id(keys, r)

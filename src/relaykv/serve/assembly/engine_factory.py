@@ -168,7 +168,8 @@ def assemble_engine(
     except ValueError as exc:
         if tier is not None and "--kv-offloading-interval" in str(exc):
             tier.shutdown()
-            raise OptionError("--kv-offloading-interval", str(exc).split(": ", 1)[-1]) from None
+            flag = "--kv-offloading-interval"
+            raise OptionError(flag, str(exc).removeprefix(f"{flag} ")) from None
         raise
     if options.role.in_pd_pair:
         assert connector_factory is not None
