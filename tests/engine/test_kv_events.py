@@ -289,3 +289,23 @@ def test_only_endpoints_off_the_host_need_curve() -> None:
     for endpoint in ("tcp://0.0.0.0:1", "tcp://[::]:2", "tcp://10.0.0.1:3", "tcp://host-a:4"):
         assert off_host(endpoint), endpoint
         assert _config(endpoint="tcp://*:5557", replay_endpoint=endpoint).curve
+def test_tier_events_carry_the_tier_medium() -> None:
+    """A KV tier's events name it in `medium` (vLLM's convention: CPU for host memory); the
+    device pool's stay GPU (docs/tier.md)."""
+    from relaykv.engine.kv_events import wire_event
+    from relaykv.kvcache import KVCacheManager
+    from relaykv.kvcache.tier import InstantTier
+    from tests.kvcache.conftest import geometry, tokens
+
+    geo = geometry("full:16", "sliding:16:64")
+    seen: list = []  # the cache's KVEvents
+    cache = KVCacheManager(geo, 40, tier=InstantTier(100), on_event=seen.append)
+    req = cache.add_request("a", tokens(100))
+    assert cache.admit(req, 100) is not None
+    cache.commit(req, 100)
+    cache.release(req)
+    cache.tier_poll()
+    media = {wire_event(e, geo).medium for e in seen if e.kind == "stored"}
+    assert media == {"GPU", "CPU"}
+    tier_keys = {k for e in seen if e.medium == "CPU" for k in e.keys}
+    assert cache.tier is not None and tier_keys == {k for m in cache.tier.index.maps for k in m}

@@ -26,6 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extension-len", type=int, default=48)
     parser.add_argument("--sibling-diverge", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tier-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also probe a colocated engine with a KV tier of N blocks whose device pool "
+        "let everything go (docs/tier.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -62,6 +70,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, geometry
             f"argument --sibling-diverge: must be in 1..{args.prompt_len - 1}, "
             f"got {args.sibling_diverge}"
         )
+    if args.tier_blocks is not None and args.tier_blocks < 0:
+        parser.error(f"argument --tier-blocks: must be >= 0, got {args.tier_blocks}")
     try:
         parse_retention(args.retention, geometry.alignment)
     except ValueError as exc:
@@ -82,6 +92,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
             extension_len=args.extension_len,
             sibling_diverge=args.sibling_diverge,
             seed=args.seed,
+            tier_blocks=args.tier_blocks,
         )
         for policy in policies
     ]
@@ -101,6 +112,16 @@ def format_table(
         f"prompt N={args.prompt_len}, extension +{args.extension_len}, sibling diverges "
         f"{args.sibling_diverge} tokens before the end, retention={args.retention}",
         "colocated engine hits: " + ", ".join(f"{k} {colocated[k]}" for k in FOLLOW_UPS),
+    ]
+    tier = results[0].get("tier")
+    if tier is not None:
+        lines.append(
+            f"with a KV tier of {tier['tier_blocks']} blocks, device pool flushed: "
+            + ", ".join(
+                f"{k} {tier[k]['hit']} ({tier[k]['from_tier']} from the tier)" for k in FOLLOW_UPS
+            )
+        )
+    lines += [
         "",
         "decode engine (D): local tokens reused / blocks received per group",
     ]

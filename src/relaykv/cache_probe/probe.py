@@ -5,7 +5,9 @@ policy; then three follow-ups arrive, each prefilled on P and decoded on D: `res
 prompt), `extension` (the prompt plus new tokens) and `sibling` (a shared prefix, then different
 tokens, same length). A colocated engine serves the same sequence for comparison. Every request
 goes through the real `KVCacheManager` exactly as the engine drives it; only the model compute is
-absent (no KV bytes exist, so "transfers" complete instantly).
+absent (no KV bytes exist, so "transfers" complete instantly). With `--tier-blocks N` a
+colocated engine with a KV tier of N blocks serves the follow-ups after its device pool let
+every block go: what a lookup would hit from a tier of that size (docs/tier.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from relaykv.kvcache.invariants import assert_consistent
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.request import CacheRequest, CacheRole
+from relaykv.kvcache.tier import InstantTier
 
 FOLLOW_UPS = ("resend", "extension", "sibling")
 
@@ -135,6 +138,42 @@ def probe_decode(
     return out
 
 
+def probe_tier(
+    geometry: Geometry, retention: str, prompts: ProbePrompts, tier_blocks: int
+) -> dict[str, dict[str, int]]:
+    """A colocated engine with a KV tier of `tier_blocks` blocks (docs/tier.md): after each
+    request its device pool is flushed (every cached block let go), so the follow-ups hit
+    only what the tier kept. Per follow-up: the hit and the tokens the tier added."""
+    manager = KVCacheManager(
+        geometry,
+        _pool_blocks(geometry, prompts),
+        retention=retention,
+        tier=InstantTier(tier_blocks),
+    )
+    engine = _Engine(manager, "T")
+
+    def settle() -> None:
+        assert manager.tier_poll() == []  # only stores are in flight between requests
+        assert manager.pool.reset()  # the pool lets every cached block go
+
+    req, _ = engine.prefill(prompts.first, CacheRole.COLOCATED)
+    engine.decode_one(req)
+    settle()
+    out: dict[str, dict[str, int]] = {}
+    for name in FOLLOW_UPS:
+        req = engine.open(getattr(prompts, name), CacheRole.COLOCATED)
+        admission = manager.admit(req, req.num_tokens)
+        if admission is None:
+            raise RuntimeError("T: pool too small for the probe")
+        if admission.loads_from_tier:
+            assert [ok for _, ok in manager.tier_poll()] == [True]
+        out[name] = {"hit": admission.start, "from_tier": admission.from_tier}
+        engine.compute(req, req.num_tokens)
+        engine.decode_one(req)
+        settle()
+    return out
+
+
 def run_probe(
     geometry: Geometry,
     policy: PDPolicy | str,
@@ -144,12 +183,20 @@ def run_probe(
     extension_len: int = 48,
     sibling_diverge: int = 24,
     seed: int = 0,
+    tier_blocks: int | None = None,
 ) -> dict[str, object]:
+    """`tier_blocks`: also probe a colocated engine with a KV tier of that many blocks."""
     prompts = ProbePrompts.make(prompt_len, extension_len, sibling_diverge, seed)
-    return {
+    out: dict[str, object] = {
         "prompt_len": prompt_len,
         "alignment": geometry.alignment,
         "pd_policy": policy,
         "colocated": probe_colocated(geometry, retention, prompts),
         "decode": probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
     }
+    if tier_blocks is not None:
+        out["tier"] = {
+            "tier_blocks": tier_blocks,
+            **probe_tier(geometry, retention, prompts, tier_blocks),
+        }
+    return out

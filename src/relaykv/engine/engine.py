@@ -28,6 +28,7 @@ from relaykv.kvcache import (
     Role,
     parse_retention,
 )
+from relaykv.kvcache.tier import TierBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class EngineConfig:
     # The startup sizing (built and checked once, by whoever sized the pool); None: the
     # cache manager builds it from the fields above.
     sizing: CacheSizing | None = None
+    # Checkpoint interval of a KV tier (docs/tier.md); None: the retention interval or A.
+    kv_offloading_interval: int | None = None
 
 
 class LLMEngine:
@@ -54,7 +57,10 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         vocab_size: int | None = None,
         connector: KVConnector | None = None,
+        tier: TierBackend | None = None,
     ) -> None:
+        """`tier`: a KV tier below the pool (docs/tier.md), built over this executor's KV
+        pages (`executor.kv_buffer`)."""
         self.role = Role.parse(config.role)
         self.executor = executor
         self.config = config
@@ -73,6 +79,8 @@ class LLMEngine:
             max_in_flight_tokens=sched.max_num_batched_tokens + k,
             pd_role=self.role.in_pd_pair,
             sizing=config.sizing,
+            tier=tier,
+            tier_interval=config.kv_offloading_interval,
         )
         self.metrics = EngineMetrics(config.scheduler.max_model_len)
         self.scheduler = Scheduler(
@@ -274,7 +282,8 @@ class LLMEngine:
     def fail_all(self, error: str) -> list[RequestOutput]:
         """End every unfinished request with `error` (after a failed step); frees blocks."""
         sched = self.scheduler
-        for req in [*sched.running, *sched.waiting, *sched.loading.values()]:
+        queues = [*sched.running, *sched.waiting, *sched.loading.values()]
+        for req in [*queues, *sched.tier_loading.values()]:
             sched.finish(req, FinishReason.ERROR, error)
             sched.finished_now.append(req)
         now = time.monotonic()

@@ -78,14 +78,16 @@ def wire_event(event: KVEvent, geometry: Geometry) -> WireEvent:
             token_ids=list(event.token_ids),
             block_size=geometry.groups[event.group].block_size,
             lora_id=None,
-            medium=MEDIUM_GPU,
+            medium=event.medium or MEDIUM_GPU,
             lora_name=None,
             group_idx=event.group,
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
         )
     if event.kind == "removed":
-        return BlockRemoved(block_hashes=list(event.keys), medium=MEDIUM_GPU, group_idx=event.group)
+        return BlockRemoved(
+            block_hashes=list(event.keys), medium=event.medium or MEDIUM_GPU, group_idx=event.group
+        )
     return AllBlocksCleared()
 
 

@@ -29,6 +29,7 @@ from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.routing import SimRouter
+from relaykv.sim.tier import DEFAULT_TIER_BANDWIDTH, SimTier
 from relaykv.sim.transport import SimTransport
 
 
@@ -49,6 +50,11 @@ class ClusterSpec:
     retention: str = "auto"  # as `relaykv serve`: dense on prefill engines (docs/design.md §6)
     prefill_prefix_caching: bool = True  # False: the upstream report's baseline image
     routing: str = "cache-aware"  # relaykv router's --routing
+    # A KV tier per engine (docs/tier.md; simulator.md "KV tier"): bytes (None: no tier),
+    # its host link's bytes/s, and the checkpoint interval (None: the engine's default).
+    kv_offloading_size: int | None = None
+    kv_offloading_bandwidth: float = DEFAULT_TIER_BANDWIDTH
+    kv_offloading_interval: int | None = None
 
 
 @dataclass(slots=True)
@@ -112,9 +118,20 @@ class SimCluster:
             role=Role.parse(role),
             pd_policy=PDPolicy.parse(s.pd_policy),
             model_name=s.model.name,
+            kv_offloading_interval=s.kv_offloading_interval,
         )
+        tier = None
+        if s.kv_offloading_size is not None:
+            block_bytes = executor.geometry.block_bytes
+            tier = SimTier(
+                self.loop,
+                s.kv_offloading_size // block_bytes,
+                block_bytes,
+                s.kv_offloading_bandwidth,
+                on_done=lambda: self.engines[name].kick(),
+            )
         self.engines[name] = SimEngine(
-            name, executor, config, self.loop, self._progress, self.transport
+            name, executor, config, self.loop, self._progress, self.transport, tier=tier
         )
 
     def _notify(self, engine_id: str) -> None:

@@ -31,6 +31,7 @@ from relaykv.sim.hardware import (
     is_calibration,
 )
 from relaykv.sim.models import ModelSpec
+from relaykv.sim.tier import DEFAULT_TIER_BANDWIDTH
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B?)\s*$", re.IGNORECASE)
 
@@ -128,6 +129,23 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's policy (relaykv router --routing; default cache-aware)",
     )
     g.add_argument(
+        "--kv-offloading-size",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="a KV tier of SIZE host memory per engine, e.g. 200GiB (docs/tier.md; default: "
+        "none)",
+    )
+    g.add_argument(
+        "--kv-offloading-bandwidth",
+        type=float,
+        default=DEFAULT_TIER_BANDWIDTH / 1e9,
+        metavar="GB/S",
+        help="the tier's host<->device rate per direction (default: "
+        f"{DEFAULT_TIER_BANDWIDTH / 1e9:g}, PCIe Gen5 x16 sustained)",
+    )
+    g.add_argument("--kv-offloading-interval", type=int, default=None, metavar="N")
+    g.add_argument(
         "--prefill-prefix-caching",
         default="on",
         choices=("on", "off"),
@@ -223,6 +241,10 @@ def cluster_spec(
         args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
         parser.error("argument --acceptance-rate: must be in [0, 1]")
+    if not args.kv_offloading_bandwidth > 0:
+        parser.error("argument --kv-offloading-bandwidth: must be > 0")
+    if args.kv_offloading_interval is not None and args.kv_offloading_interval < 1:
+        parser.error("argument --kv-offloading-interval: must be >= 1")
     k = args.speculative_tokens
     longest = max(r.prompt_len + r.output_len for r in requests)
     max_len = args.max_model_len or longest + k + 2
@@ -253,4 +275,7 @@ def cluster_spec(
         retention=args.retention,
         prefill_prefix_caching=args.prefill_prefix_caching == "on",
         routing=args.routing,
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offloading_bandwidth=args.kv_offloading_bandwidth * 1e9,
+        kv_offloading_interval=args.kv_offloading_interval,
     )
