@@ -52,10 +52,14 @@ def test_a_bad_policy_names_the_key(model_dirs) -> None:
 
 
 def test_settings_the_manager_does_not_implement_are_refused(model_dirs) -> None:
-    with pytest.raises(ValueError, match="async scheduling"):
-        _engine(model_dirs, "per-group", scheduler_options={"async_scheduling": True})
+    with pytest.raises(ValueError, match="--watermark"):
+        _engine(model_dirs, "per-group", scheduler_options={"watermark": 0.01})
     # legacy is stock vLLM: everything vLLM supports
-    assert _engine(model_dirs, "legacy", scheduler_options={"async_scheduling": True})
+    assert _engine(model_dirs, "legacy", scheduler_options={"watermark": 0.01})
+    # async scheduling (vLLM's default on a GPU) runs: frees wait for the in-flight step
+    assert _engine(
+        model_dirs, "per-group", "kv_consumer", scheduler_options={"async_scheduling": True}
+    )
 
 
 def test_kv_events_keep_vllm_s_format(model_dirs) -> None:

@@ -305,8 +305,8 @@ class RelayKVCacheManager(VllmKVCacheManager):
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
         raise RuntimeError(
-            "relaykv.vllm: deferred block frees (async scheduling or pipeline parallelism "
-            "on a kv_consumer) are not supported"
+            "relaykv.vllm: the scheduler defers relaykv's frees itself "
+            "(relaykv.vllm.Scheduler._free_request_blocks)"
         )
 
     def evict_blocks(self, block_ids: set[int]) -> None:

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -185,6 +186,8 @@ class StandInWorker:
         self._recving: set[str] = set()
         self.local_hits = 0  # vLLM's prefix-cache hit counter (tokens), summed over steps
         self.external_hits = 0  # vLLM's external (connector) hit counter
+        self.steps = 0  # steps that scheduled work or moved a transfer
+        self.scheduler_seconds = 0.0  # time inside schedule() + update_from_output()
 
     def take_hits(self) -> int:
         hits, self.local_hits = self.local_hits, 0
@@ -192,7 +195,9 @@ class StandInWorker:
 
     def step(self, finished_sending: Sequence[str] = ()) -> tuple[SchedulerOutput, Any]:
         s = self.scheduler
+        started = time.perf_counter()
         out = s.schedule()
+        spent = time.perf_counter() - started
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in ids:
@@ -210,7 +215,10 @@ class StandInWorker:
             sampled_token_ids=sampled,
             kv_connector_output=connector_output,
         )
+        started = time.perf_counter()
         outputs = s.update_from_output(out, runner)
+        self.scheduler_seconds += spent + time.perf_counter() - started
+        self.steps += 1
         for engine_outputs in outputs.values():
             stats = engine_outputs.scheduler_stats
             if stats is not None:

@@ -10,6 +10,7 @@ protocol, outputs, metrics) is vLLM's own code.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -25,11 +26,6 @@ from relaykv.vllm.specs import geometry_from_kv_cache_config
 def unsupported_settings(vllm_config: Any) -> list[str]:
     """vLLM settings the relaykv cache manager does not implement (it refuses them)."""
     problems = []
-    if vllm_config.max_concurrent_batches > 1:
-        problems.append(
-            "async scheduling or pipeline parallelism (pass --no-async-scheduling; "
-            "relaykv keys blocks on processed tokens and frees them at once)"
-        )
     if vllm_config.parallel_config.decode_context_parallel_size > 1:
         problems.append("decode context parallelism")
     if vllm_config.scheduler_config.watermark:
@@ -53,6 +49,9 @@ class Scheduler(VllmScheduler):
         self.relaykv_options = PluginOptions.from_vllm_config(vllm_config)
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self.relaykv: RelayKVCacheManager | None = None
+        # Finished requests whose blocks an in-flight step may still write (async
+        # scheduling or PP on a kv_consumer): released once that step is processed.
+        self._relaykv_deferred: deque[tuple[int, Any]] = deque()
         if self.relaykv_options.legacy:
             return  # stock vLLM, for A/B
         problems = unsupported_settings(vllm_config)
@@ -79,6 +78,21 @@ class Scheduler(VllmScheduler):
         self.kv_cache_manager = self.relaykv
         if self.connector is not None:
             self.connector.bind_kv_cache_manager(self.relaykv)
+
+    def _free_request_blocks(self, request: Any) -> None:
+        if self.relaykv is None or self._request_blocks_can_be_freed(request):
+            return super()._free_request_blocks(request)
+        if request.is_finished():
+            self._relaykv_deferred.append((self.sched_step_seq, request))
+        else:
+            # A preemption: relaykv returns its blocks now (vLLM would hold them a step).
+            self.kv_cache_manager.free(request)
+
+    def _drain_deferred_frees(self) -> None:
+        super()._drain_deferred_frees()
+        while self._relaykv_deferred and self._relaykv_deferred[0][0] <= self.processed_step_seq:
+            _, request = self._relaykv_deferred.popleft()
+            self.kv_cache_manager.free(request)
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         relay = self.relaykv
