@@ -6,10 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from relaykv.cache_probe.engine import run_vllm_probe
 from relaykv.cache_probe.probe import FOLLOW_UPS, run_probe
 from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
 from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
 from relaykv.kvcache.retention import RETENTION_HELP, parse_retention
+
+ENGINES = ("relaykv", "vllm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "let everything go (docs/tier.md)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="relaykv",
+        help="relaykv's cache manager (default), or vLLM 0.33's real scheduler with the "
+        "relaykv.vllm plugin (legacy: stock vLLM); runs in the vLLM venv, tools/vllm_venv.sh",
+    )
 
 
 def build_geometry(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Geometry:
@@ -82,25 +92,37 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     parser = parser or argparse.ArgumentParser(prog="relaykv cache-probe")
     geometry = build_geometry(parser, args)
     validate(parser, args, geometry)
-    policies = list(PDPolicy) if args.pd_policy == "all" else [PDPolicy(args.pd_policy)]
+    if getattr(args, "engine", "relaykv") == "vllm":
+        return run_vllm_probe(args, parser)
     results = [
         run_probe(
-            geometry,
-            policy,
-            args.prompt_len,
-            retention=args.retention,
-            extension_len=args.extension_len,
-            sibling_diverge=args.sibling_diverge,
-            seed=args.seed,
-            tier_blocks=args.tier_blocks,
+            geometry, policy, args.prompt_len, tier_blocks=args.tier_blocks, **probe_options(args)
         )
-        for policy in policies
+        for policy in selected_policies(args)
     ]
-    if args.json:
-        print(json.dumps(results if args.pd_policy == "all" else results[0]))
-    else:
-        print(format_table(geometry, args, results))
+    print(render(geometry, args, results))
     return 0
+
+
+def selected_policies(args: argparse.Namespace) -> list[PDPolicy]:
+    return list(PDPolicy) if args.pd_policy == "all" else [PDPolicy(args.pd_policy)]
+
+
+def probe_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The probe's keyword arguments from the command line (both engines take them)."""
+    return dict(
+        retention=args.retention,
+        extension_len=args.extension_len,
+        sibling_diverge=args.sibling_diverge,
+        seed=args.seed,
+    )
+
+
+def render(geometry: Geometry, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    """The command's output: JSON (a list for `--pd-policy all`) or the table."""
+    if args.json:
+        return json.dumps(results if args.pd_policy == "all" else results[0])
+    return format_table(geometry, args, results)
 
 
 def format_table(

@@ -94,7 +94,8 @@ def _engine_pair(
     return _Engine(manager(), "P"), _Engine(manager(), "D")
 
 
-def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
+def pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
+    """Blocks per engine pool, for both probe engines (relaykv's and vLLM's)."""
     longest = len(prompts.extension) + geometry.alignment
     per_request = sum(rule.blocks_for(longest) for rule in rules_for(geometry))
     return 8 * per_request + 16  # never evicts: the probe measures reuse, not capacity
@@ -102,7 +103,7 @@ def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
 
 def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -> dict[str, int]:
     engine = _Engine(
-        KVCacheManager(geometry, _pool_blocks(geometry, prompts), retention=retention), "C"
+        KVCacheManager(geometry, pool_blocks(geometry, prompts), retention=retention), "C"
     )
     req, _ = engine.prefill(prompts.first, CacheRole.COLOCATED)
     engine.decode_one(req)
@@ -116,7 +117,7 @@ def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -
 def probe_decode(
     geometry: Geometry, policy: PDPolicy, retention: str, prompts: ProbePrompts
 ) -> dict[str, dict[str, int | list[int]]]:
-    p, d = _engine_pair(geometry, policy, retention, _pool_blocks(geometry, prompts))
+    p, d = _engine_pair(geometry, policy, retention, pool_blocks(geometry, prompts))
     out: dict[str, dict[str, int | list[int]]] = {}
     for name in ("first_load", *FOLLOW_UPS):
         prompt = prompts.first if name == "first_load" else getattr(prompts, name)
@@ -146,7 +147,7 @@ def probe_tier(
     only what the tier kept. Per follow-up: the hit and the tokens the tier added."""
     manager = KVCacheManager(
         geometry,
-        _pool_blocks(geometry, prompts),
+        pool_blocks(geometry, prompts),
         retention=retention,
         tier=InstantTier(tier_blocks),
     )
@@ -187,16 +188,34 @@ def run_probe(
 ) -> dict[str, object]:
     """`tier_blocks`: also probe a colocated engine with a KV tier of that many blocks."""
     prompts = ProbePrompts.make(prompt_len, extension_len, sibling_diverge, seed)
-    out: dict[str, object] = {
-        "prompt_len": prompt_len,
-        "alignment": geometry.alignment,
-        "pd_policy": policy,
-        "colocated": probe_colocated(geometry, retention, prompts),
-        "decode": probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
-    }
+    out = probe_result(
+        geometry,
+        policy,
+        prompt_len,
+        probe_colocated(geometry, retention, prompts),
+        probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
+    )
     if tier_blocks is not None:
         out["tier"] = {
             "tier_blocks": tier_blocks,
             **probe_tier(geometry, retention, prompts, tier_blocks),
         }
     return out
+
+
+def probe_result(
+    geometry: Geometry,
+    policy: PDPolicy | str,
+    prompt_len: int,
+    colocated: dict[str, int],
+    decode: dict[str, dict[str, int | list[int]]],
+) -> dict[str, object]:
+    """The probe's JSON record, whichever engine ran it (relaykv's, or vLLM's through the
+    plugin: `relaykv.vllm.probe`)."""
+    return {
+        "prompt_len": prompt_len,
+        "alignment": geometry.alignment,
+        "pd_policy": policy,
+        "colocated": colocated,
+        "decode": decode,
+    }

@@ -8,6 +8,8 @@ driver may do to a cache is written here, once, and everything else about the ma
 One request, in order (a call that returns None or False changed nothing):
 
     req = cache.add_request(id, prompt, salt, role)   # open: hashes the prompt
+    hit = cache.lookup(req)                           # optional: what admit would hit
+                                                      #   (receive_local_tokens: receive)
     # computed here (a colocated or prefill engine):
     adm = cache.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
     ended = cache.tier_poll()                         # adm.loads_from_tier: wait for it here
@@ -112,6 +114,16 @@ class CacheLifecycle(Protocol):
         (+ `lookahead` slots when that reaches its last token); with `must_fit`, only if
         that many tokens fit under the per-request caps (§8). None: the pool cannot hold it
         now."""
+        ...
+
+    def lookup(self, req: CacheRequest) -> LocalHit:
+        """The local hit `admit` would take for `req` now (§5); changes no block. For a
+        driver whose scheduler asks before it allocates (vLLM's, `relaykv.vllm`)."""
+        ...
+
+    def receive_local_tokens(self, req: CacheRequest) -> int:
+        """The local tokens `receive` would reuse for `req` now (§7,
+        `KVLoad.local_tokens`); changes no block."""
         ...
 
     def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:

@@ -71,18 +71,8 @@ class DecodeLoads:
         `per-group` (blocks are reused one by one by hash).
         """
         pool = self.pool
-        n = req.num_prompt_tokens
-        junction = 0
-        if hit is not None:
-            junction = hit.junction
-            local = [
-                {k: blocks[k] for k in plan.held[g] if k < len(blocks) and blocks[k] != NULL_BLOCK}
-                for g, blocks in enumerate(hit.blocks)
-            ]
-            local_tokens = hit.tokens
-        else:
-            local = [self._reusable(req, rule, plan.held[rule.index]) for rule in self.rules]
-            local_tokens = self._tokens_local_everywhere(local, n)
+        junction = hit.junction if hit is not None else 0
+        local, local_tokens = self.local_reuse(req, plan, hit)
 
         attached: list[dict[int, int]] = []
         wanted: list[list[int]] = []
@@ -138,6 +128,21 @@ class DecodeLoads:
         if load.settled:
             self._deliver(load)
         return load
+
+    def local_reuse(
+        self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None
+    ) -> tuple[list[dict[int, int]], int]:
+        """Per group the held blocks D reuses from its own cache (index -> block), and the
+        prompt tokens that counts as local: the common hit under a common-resume policy
+        (`hit`), else each block by key (`per-group`). Reads the cache, changes nothing."""
+        if hit is not None:
+            local = [
+                {k: blocks[k] for k in plan.held[g] if k < len(blocks) and blocks[k] != NULL_BLOCK}
+                for g, blocks in enumerate(hit.blocks)
+            ]
+            return local, hit.tokens
+        local = [self._reusable(req, rule, plan.held[rule.index]) for rule in self.rules]
+        return local, self._tokens_local_everywhere(local, req.num_prompt_tokens)
 
     def _reusable(self, req: CacheRequest, rule: GroupRules, held: range) -> dict[int, int]:
         return reusable_blocks(req, rule, self.pool.maps[rule.index], held)

@@ -250,6 +250,18 @@ class KVCacheManager:
         self._release(req, forget=False)
 
     # -- observing the cache ----------------------------------------------------------------
+    def lookup(self, req: CacheRequest) -> LocalHit:
+        """The local hit `admit` would take for `req` now (§5); changes no block. For a
+        driver whose scheduler asks before it allocates (the vLLM plugin)."""
+        return self._lookup(req)
+
+    def receive_local_tokens(self, req: CacheRequest) -> int:
+        """The local tokens `receive` would reuse for `req` now (§7, `KVLoad.local_tokens`);
+        changes no block."""
+        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        hit = self._lookup(req) if plan.common_resume else None
+        return self.loads.local_reuse(req, plan, hit)[1]
+
     def usage(self) -> float:
         """The fraction of the pool's usable blocks held by requests."""
         return self.pool.usage()
