@@ -18,8 +18,7 @@ ALLOWED_DIRS = ("kvcache/groups/", "model/attention/")
 ALLOWED_LINES = {
     ("model/kv_layout.py", "if draft.window else"),
     ("model/kv_layout.py", "if window else"),
-    ("model/kv_layout.py", 'k[0] == "full"'),
-    ("sim/models.py", 'k[0] == "full"'),
+    ("kvcache/geometry.py", 'k[0] == "full"'),  # group_layers: full groups first, as vLLM
     ("sim/cost_model.py", "return window * new"),
     ("sim/cost_model.py", "below = (lo + window) * (window - lo + 1) // 2"),
     ("sim/cost_model.py", "return below + window * (hi - window)"),
