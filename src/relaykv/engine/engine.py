@@ -38,6 +38,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     role: Role = Role.COLOCATED
     pd_policy: PDPolicy = DEFAULT_PD_POLICY
+    sibling_reach: int = 0  # the P/D plan's sibling reach in tokens (kvcache/pd_plan.py)
     model_name: str = "relaykv"
     # The startup sizing (built and checked once, by whoever sized the pool); None: the
     # cache manager builds it from the fields above.
@@ -73,6 +74,7 @@ class LLMEngine:
             max_in_flight_tokens=sched.max_num_batched_tokens + k,
             pd_role=self.role.in_pd_pair,
             sizing=config.sizing,
+            sibling_reach=config.sibling_reach,
         )
         self.metrics = EngineMetrics(config.scheduler.max_model_len)
         self.scheduler = Scheduler(

@@ -24,7 +24,7 @@ from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
-from relaykv.kvcache.pd_plan import pd_plan, prefill_hit_cap
+from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
@@ -46,9 +46,15 @@ class KVCacheManager:
         pd_role: bool = False,
         on_event: EventSink | None = None,
         sizing: CacheSizing | None = None,
+        sibling_reach: int = 0,
     ) -> None:
         """`sizing`: the engine's `CacheSizing`, built and checked once at startup (then
-        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it)."""
+        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it; build it with
+        the same `sibling_reach`). `sibling_reach`: the P/D plan's sibling reach in tokens
+        (`pd_plan`; both engines of a pair use the same)."""
+        if sibling_reach < 0:
+            raise ValueError(f"sibling_reach must be >= 0 tokens, got {sibling_reach}")
+        self.sibling_reach = sibling_reach
         self.geometry = geometry
         self.rules = rules_for(geometry)
         self.retention = (
@@ -67,6 +73,7 @@ class KVCacheManager:
                 max_model_len,
                 max_in_flight_tokens,
                 self.pd_policy if pd_role else None,
+                sibling_reach,
             )
         elif sizing.geometry != geometry or sizing.num_blocks != num_blocks:
             raise ValueError("the cache sizing was built for another geometry or pool")
@@ -154,7 +161,7 @@ class KVCacheManager:
         """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
         changes nothing: the pool cannot hold it now. The transport fills `load.receive`
         (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        plan = self._plan(req)
         hit = self._lookup(req) if plan.common_resume else None
         load = self.loads.begin(req, plan, hit)
         if load is not None:
@@ -218,7 +225,10 @@ class KVCacheManager:
         return hit
 
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
-        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req, self.sibling_reach)
+
+    def _plan(self, req: CacheRequest) -> PDPlan:
+        return pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens, self.sibling_reach)
 
     def _blocks_needed(
         self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None
@@ -314,7 +324,7 @@ class KVCacheManager:
         """Free blocks no future computation of `req` reads (§6, processed basis)."""
         floor = None
         if req.role is CacheRole.PREFILL:
-            plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+            plan = self._plan(req)
         for rule in self.rules:
             if rule.prefix_closed:
                 continue
@@ -350,7 +360,7 @@ class KVCacheManager:
         Returns per group the `(block index, block id)` pairs the decode engine may read.
         The request stays registered until `free(req)` (after D read them or a lease expired).
         """
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        plan = self._plan(req)
         self._cache(req, req.num_prompt_tokens)
         held: list[list[tuple[int, int]]] = []
         extra: list[int] = []

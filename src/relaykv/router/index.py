@@ -34,6 +34,7 @@ from relaykv.kvcache import (
     CacheRequest,
     CacheRole,
     Geometry,
+    PDPlan,
     PDPolicy,
     pd_plan,
     rules_for,
@@ -68,6 +69,7 @@ class EngineIndex:
     events_dropped: int = 0  # malformed batches or events for unknown groups
     holders: KeyHolders | None = None  # the router's shared decode-engine key map, if any
     slot: int | None = None  # this engine's bit in `holders`
+    sibling_reach: int = 0  # the P/D plan's sibling reach (its /v1/kv_cache_info)
 
     def __post_init__(self) -> None:
         self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
@@ -154,15 +156,29 @@ class EngineIndex:
             return 0
         if self.role == "decode":
             n = req.num_prompt_tokens
-            plan = pd_plan(self.geometry, self.pd_policy, n)
+            plan = self._plan(n)
             if plan.common_resume:
                 return longest_hit_tokens(req, self.rules, self)
             local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
             return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
-            cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+            cap = self._prefill_cap(req)
         return longest_hit_tokens(req, self.rules, self, cap)
+
+    def _plan(self, n: int) -> PDPlan:
+        return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
+
+    def _prefill_cap(self, req: CacheRequest) -> int:
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req, self.sibling_reach)
+
+    def local_hit(self, req: CacheRequest) -> int:
+        """Prompt tokens this engine would reuse computing `req` itself, as a colocated
+        engine does (kvcache's hybrid lookup, every group at one resume point): on a decode
+        engine, the hit of a local request (conditional disaggregation, docs/routing.md)."""
+        if not req.num_tokens:
+            return 0
+        return longest_hit_tokens(req, self.rules, self)
 
     def _local(
         self,
@@ -188,7 +204,7 @@ class EngineIndex:
         prefill engine, §7)."""
         cap = req.num_prompt_tokens - 1
         if self.role == "prefill":
-            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+            cap = min(cap, self._prefill_cap(req))
         return max(0, cap)
 
     def hit_bound(
@@ -203,7 +219,7 @@ class EngineIndex:
         if n <= 1:
             return 0
         full = [r for r in self.rules if r.prefix_closed]
-        if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
+        if self.role == "decode" and not self._plan(n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group
                 if counts is not None and self.slot is not None:
@@ -214,7 +230,7 @@ class EngineIndex:
             return bound
         cap = n - 1
         if self.role == "prefill":
-            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+            cap = min(cap, self._prefill_cap(req))
         bound = cap
         for rule in full:
             keys, gmap = req.keys(rule.index), self.maps[rule.index]
