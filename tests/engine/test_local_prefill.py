@@ -67,3 +67,22 @@ def test_a_local_request_over_the_cap_does_not_hold_back_a_load() -> None:
     assert _step(sched) == ["local"]  # the cap is spent on the first local request
     assert "remote" in connector.loads  # but the load behind both started
     assert [r.request_id for r in sched.waiting] == ["other"]
+
+
+def test_a_decode_engine_refuses_a_local_request_its_pool_cannot_take_now() -> None:
+    from relaykv.kvcache import Role
+
+    from .conftest import greedy, make_engine, prompt
+
+    decode = make_engine(num_blocks=120, role=Role.DECODE)
+    small, big = prompt(40, 1), prompt(200, 2)
+    assert decode.refuses_locally(small, greedy(8)) is None
+    # A P/D request is a load (admitted by the pool when it can), never refused here.
+    assert decode.refuses_locally(big, greedy(200), {"do_remote_prefill": True}) is None
+    # Fill the pool with a running local request: the next one must go through P.
+    decode.add_request("a", prompt(300, 3), greedy(150))
+    decode.step()
+    refused = decode.refuses_locally(big, greedy(200))
+    assert refused is not None and "send it through a prefill engine" in refused
+    # Colocated and prefill engines take every request (their queue waits for blocks).
+    assert make_engine(num_blocks=40).refuses_locally(big, greedy(200)) is None

@@ -8,7 +8,8 @@ Engine flags not listed here (`--max-model-len`, `--kv-cache-memory`, `--num-blo
 `--block-size`, `--retention`, `--speculative-tokens`, `--draft-model`, `--seed`, ...) are
 passed to every engine unchanged, so `relaykv up` accepts what `relaykv serve` accepts.
 `--disaggregation` and the conditional rule's flags go to the router (docs/routing.md); unless
-it is `always`, the engines also get `--sibling-reach` (the rule's max suffix) when not given.
+it is `always`, the engines also get `--sibling-reach` (`policy.default_sibling_reach` of the
+rule's max suffix) when not given.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from relaykv.common.plumbing.secret_files import API_KEY_ENV, PrivateFileError, 
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
 from relaykv.router.cli import add_disaggregation_arguments, conditional_rule
+from relaykv.router.policy import default_sibling_reach
 from relaykv.serve.assembly.cpu_threads import colocated_engine_env, positive_threads
 from relaykv.serve.assembly.options import DEFAULT_PD_POLICY, PD_POLICIES
 from relaykv.serve.assembly.pd_wiring import (
@@ -125,7 +127,7 @@ def _run_cluster(
               "--kv-transport", args.kv_transport, *engine_extra]
     given = {flag.split("=")[0] for flag in engine_extra}
     if args.disaggregation != "always" and "--sibling-reach" not in given:
-        common += ["--sibling-reach", str(args.conditional_max_suffix)]
+        common += ["--sibling-reach", str(default_sibling_reach(args.conditional_max_suffix))]
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
     # Co-located engines must not spin OpenMP workers on each other's cores

@@ -45,6 +45,19 @@ DISAGGREGATION_MODES: tuple[str, ...] = ("conditional", "always", "never")
 # against D's own prefill rate in chunks of `--max-local-prefill-tokens` (256): below about
 # two chunks, D computing the suffix costs less than the trip saves.
 DEFAULT_CONDITIONAL_MAX_SUFFIX = 512
+# What the engines' sibling reach adds to the max suffix: a sibling of a parent whose own
+# suffix is at most the max suffix resumes within max suffix + 2 alignment units of the
+# parent's end (the resume point rounds down to the alignment; an EAGLE draft drops one
+# more unit); 512 covers the largest alignment of relaykv's presets (dsv4-flash, 256).
+SIBLING_REACH_MARGIN = 512
+
+
+def default_sibling_reach(max_suffix: int) -> int:
+    """The engines' `--sibling-reach` that lets decode engines serve siblings under a rule
+    with this max suffix (`relaykv up` and the simulator set it)."""
+    return max_suffix + SIBLING_REACH_MARGIN
+
+
 # Per decode engine, local prefill tokens queued by this router (not yet answered): eight
 # suffixes of the default size, so a burst of siblings spills over to P.
 DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL = 4096

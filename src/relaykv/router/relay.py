@@ -31,7 +31,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from relaykv.common.messages.api_errors import APIError
+from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.decision import Choice
 from relaykv.router.destinations import destination_id, refused_grant
@@ -127,8 +127,9 @@ class Router:
         decodes (`relaykv.router.destinations`). A D that fails is not called again: the
         next D needs a grant of its own, so P computes again (mostly a hit on its held
         blocks). A local request whose D failed before answering is retried through P
-        (unless `--disaggregation never`): nothing was streamed, so nothing is computed
-        twice for the client."""
+        (unless `--disaggregation never`: on another D), as is one D refused because its
+        pool cannot take it now (429, `LOCAL_ADMISSION_REFUSED`; D may then load it): nothing
+        reached the client, so it gets one answer."""
         assert self.client is not None
         tried: set[Backend] = set()
         refreshed = False
@@ -138,10 +139,15 @@ class Router:
             tried.add(backend)
             if self.routing.decide_path(decode, force_pd).local:
                 response = await self._local(decode, path, body, headers)
-                if response is None:
+                if response is None:  # D failed: another D, through P unless `never`
                     self.stats.retries += 1
                     if self.routing.conditional.mode != "never":
                         force_pd = f"retried through P: the local attempt on {backend.url} failed"
+                    continue
+                if refused_locally(response):  # D's pool is full now: P computes, D loads
+                    self.stats.retries += 1
+                    force_pd = f"retried through P: {backend.url} refused it locally (its pool)"
+                    tried.discard(backend)
                     continue
                 return response
             with decode:  # the prompt is in flight on D until D answers (router/pending.py)
@@ -246,6 +252,13 @@ class Router:
 
     def cluster(self) -> dict[str, Any]:
         return {"router": self.public_url, "prefill": self.prefill.urls, "decode": self.decode.urls}
+
+
+def refused_locally(response: Response) -> bool:
+    """A decode engine's answer refusing a local request for now (its pool, 429)."""
+    return response.status_code == 429 and LOCAL_ADMISSION_REFUSED.encode() in bytes(
+        response.body
+    )
 
 
 def forward_headers(request: Request) -> dict[str, str]:

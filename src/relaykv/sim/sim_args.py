@@ -13,7 +13,11 @@ import re
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
-from relaykv.router.policy import ROUTING_MODES
+from relaykv.router.policy import (
+    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DISAGGREGATION_MODES,
+    ROUTING_MODES,
+)
 from relaykv.sim.cluster import ClusterSpec
 from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
 from relaykv.sim.models import ModelSpec
@@ -105,6 +109,25 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default="cache-aware",
         choices=ROUTING_MODES,
         help="the router's policy (relaykv router --routing; default cache-aware)",
+    )
+    g.add_argument(
+        "--disaggregation",
+        default="always",
+        choices=DISAGGREGATION_MODES,
+        help="the router's --disaggregation (default here: always, every request P -> D; "
+        "conditional: a sibling whose suffix on its decode engine is short is prefilled "
+        "there, docs/routing.md)",
+    )
+    g.add_argument(
+        "--conditional-max-suffix",
+        type=int,
+        default=None,
+        help="default: the cost estimate from the hardware presets (docs/simulator.md)",
+    )
+    g.add_argument(
+        "--conditional-max-queued-prefill",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     )
     g.add_argument(
         "--prefill-prefix-caching",
@@ -219,6 +242,10 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
+    for flag in ("conditional_max_suffix", "conditional_max_queued_prefill"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 0:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 0")
     if args.acceptance_rate is None:
         args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
@@ -253,4 +280,9 @@ def cluster_spec(
         retention=args.retention,
         prefill_prefix_caching=args.prefill_prefix_caching == "on",
         routing=args.routing,
+        disaggregation=getattr(args, "disaggregation", "always"),
+        conditional_max_suffix=getattr(args, "conditional_max_suffix", None),
+        conditional_max_queued_prefill=getattr(
+            args, "conditional_max_queued_prefill", DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+        ),
     )
