@@ -156,3 +156,29 @@ def test_sibling_reach_keeps_the_windows_a_sibling_resumes_at() -> None:
     assert pd_slack_tokens(geo, "per-group", 128)[1] > pd_slack_tokens(geo, "per-group")[1]
     with pytest.raises(ValueError, match="sibling reach"):
         pd_plan(geo, "per-group", 1600, -1)
+
+
+def test_a_prefill_engine_attaches_the_reach_blocks_it_still_caches() -> None:
+    """With a sibling reach P must hold more window blocks; when its cache still has them
+    (dense retention keys every window) it attaches them instead of recomputing from lower."""
+    from relaykv.kvcache import CacheRole, KVCacheManager
+    from relaykv.kvcache.pd_plan import prefill_hit_cap
+
+    from .conftest import tokens
+
+    geo = geometry("full:16", "sliding:16:64")
+    prefix = tokens(1536)
+    p = KVCacheManager(geo, 2048, pd_policy="per-group", pd_role=True, retention="dense",
+                       sibling_reach=128)
+    for i, tail in enumerate((range(3, 67), range(100, 164))):
+        req = p.add_request(f"p{i}", [*prefix, *tail], role=CacheRole.PREFILL)
+        admission = p.admit(req, budget=4096)
+        assert admission is not None
+        p.commit(req, req.num_prompt_tokens)
+        held = p.hold_for_transfer(req)  # raises if a planned block were missing
+        assert [len(h) for h in held] == [100, 12]  # full 0..99, sliding 88..99
+        p.release(req)
+    # The sibling resumed at the shared prefix, above the cap the reach alone would allow.
+    capped = prefill_hit_cap(geo, p.rules, p.pd_policy, req, 128)
+    assert admission.start == 1536 > capped
+    assert p.check() == []

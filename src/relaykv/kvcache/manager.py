@@ -24,7 +24,7 @@ from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
-from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap
+from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap, reach_blocks
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
@@ -219,10 +219,36 @@ class KVCacheManager:
             return LocalHit(0, [[] for _ in self.rules])
         cap = req.num_tokens - 1
         if req.role is CacheRole.PREFILL:
+            if self.sibling_reach:
+                # The sibling reach's extra window blocks, when P still has them cached, are
+                # attached rather than recomputed (`_attach_reach`); else the reach caps the hit.
+                plain = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+                hit = self._attach_reach(req, find_longest_hit(req, self.rules, self.pool, plain))
+                if hit is not None:
+                    req.junction = hit.junction
+                    return hit
             cap = min(cap, self._prefill_hit_cap(req))
         hit = find_longest_hit(req, self.rules, self.pool, cap)
         req.junction = hit.junction
         return hit
+
+    def _attach_reach(self, req: CacheRequest, hit: LocalHit) -> LocalHit | None:
+        """`hit` with the blocks the P/D plan holds below its windows (the sibling reach)
+        taken from the cache, or None when one of them is not cached: a prefill request
+        must end up holding every planned block (§7)."""
+        plan = self._plan(req)
+        blocks = []
+        for rule in self.rules:
+            table = list(hit.blocks[rule.index])
+            keys = req.keys(rule.index)
+            cached = self.pool.maps[rule.index]
+            for k in reach_blocks(plan, rule, hit.tokens):
+                block = cached.get(keys[k])
+                if block is None:
+                    return None
+                table[k] = block
+            blocks.append(table)
+        return LocalHit(hit.tokens, blocks, hit.junction)
 
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
         return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req, self.sibling_reach)

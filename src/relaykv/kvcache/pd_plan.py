@@ -179,3 +179,12 @@ def prefill_hit_cap(
         if rule_cap is not None:
             cap = min(cap, rule_cap)
     return cap
+
+
+def reach_blocks(plan: PDPlan, rule: GroupRules, hit_tokens: int) -> range:
+    """The blocks of group `rule` a prefill engine resuming at `hit_tokens` must take from
+    its cache to hold `plan` (the sibling reach's windows below the hit's own; empty without
+    a reach). When one is not cached, the hit is capped by `prefill_hit_cap` instead."""
+    if hit_tokens <= 0 or rule.prefix_closed:
+        return range(0)
+    return range(plan.held[rule.index].start, rule.needed(hit_tokens).start)

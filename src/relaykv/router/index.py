@@ -48,6 +48,7 @@ from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains
 from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
+from relaykv.kvcache.pd_plan import reach_blocks
 from relaykv.router.holders import KeyHolders, PromptCounts
 
 _HELD = 1  # the index does not know block ids; lookups only test membership
@@ -163,14 +164,27 @@ class EngineIndex:
             return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
+            if self.sibling_reach:  # the reach's blocks, when held, are attached (kvcache)
+                hit = longest_hit_tokens(req, self.rules, self, self._prefill_cap(req, False))
+                plan = self._plan(req.num_prompt_tokens)
+                if all(
+                    req.keys(rule.index)[k] in self.maps[rule.index]
+                    for rule in self.rules
+                    for k in reach_blocks(plan, rule, hit)
+                ):
+                    return hit
             cap = self._prefill_cap(req)
         return longest_hit_tokens(req, self.rules, self, cap)
 
     def _plan(self, n: int) -> PDPlan:
         return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
 
-    def _prefill_cap(self, req: CacheRequest) -> int:
-        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req, self.sibling_reach)
+    def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
+        """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
+        (the engine attaches them when cached), an upper bound of what it may take."""
+        return prefill_hit_cap(
+            self.geometry, self.rules, self.pd_policy, req, self.sibling_reach if reach else 0
+        )
 
     def local_hit(self, req: CacheRequest) -> int:
         """Prompt tokens this engine would reuse computing `req` itself, as a colocated
@@ -204,7 +218,7 @@ class EngineIndex:
         prefill engine, §7)."""
         cap = req.num_prompt_tokens - 1
         if self.role == "prefill":
-            cap = min(cap, self._prefill_cap(req))
+            cap = min(cap, self._prefill_cap(req, reach=False))
         return max(0, cap)
 
     def hit_bound(
@@ -230,7 +244,7 @@ class EngineIndex:
             return bound
         cap = n - 1
         if self.role == "prefill":
-            cap = min(cap, self._prefill_cap(req))
+            cap = min(cap, self._prefill_cap(req, reach=False))
         bound = cap
         for rule in full:
             keys, gmap = req.keys(rule.index), self.maps[rule.index]
