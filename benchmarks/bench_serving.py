@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets.shared_prefix import generated_shared_prefix_requests
 from relaykv.bench.metrics import compute_metrics
 from relaykv.bench.prometheus import counter_total, parse_samples
 from relaykv.bench.runner import LoadShape, run_requests
+from relaykv.common.workloads.shared_prefix import generated_shared_prefix_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,7 +25,7 @@ import shlex
 import sys
 import time
 
-from sim_seed_tables import PR, SETUPS, STRESS  # the seed's scenarios (same directory)
+from sim_seed_tables import PR, SETUPS, STRESS  # the upstream report's scenarios
 
 from relaykv.cli import main as relaykv
 

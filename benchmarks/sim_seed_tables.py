@@ -1,15 +1,16 @@
-"""The seed's tables (shared reference seed-pr.txt) re-run at the seed's scale in `relaykv sim`.
+"""The tables of the upstream report (vLLM PR #56449, docs/design.md §11; "seed" in this
+script's names) re-run at the report's scale in `relaykv sim`.
 
-Scenarios (docs/simulator.md "The seed's tables"): gpt-oss-20b + EAGLE3 on H20 TP2/TP2 and
-dsv4-flash on H20 TP8/TP8 over RDMA, prefix_repetition 65,504 + 64 with one prefix, groups
-c1/output1 (8 requests), c8/output1 (40), c8/output128 (40), each on a fresh cluster after
-one same-prefix warmup; and the 64k generated-shared-prefix stress (10 groups x 32 prompts,
-64-token questions, 1,500 output tokens, c64, one warmup) on dsv4-flash. Every policy,
-plus, on prefix_repetition, `legacy` with `--prefill-prefix-caching off` (the lower bound of
-the seed's baseline image, see the docs), and `per-group` under the router's conditional
-disaggregation (docs/routing.md): with the max suffix of the cost estimate from the presets
-("conditional") and with relaykv router's default of 512 tokens ("conditional 512").
-Prints markdown tables with the seed's published numbers side by side and writes JSON + one
+Scenarios (docs/simulator.md "The upstream report's tables at its scale"): gpt-oss-20b + EAGLE3
+on H20 TP2/TP2 and dsv4-flash on H20 TP8/TP8 over RDMA, prefix_repetition 65,504 + 64 with one
+prefix, groups c1/output1 (8 requests), c8/output1 (40), c8/output128 (40), each on a fresh
+cluster after one same-prefix warmup; and the 64k generated-shared-prefix stress (10 groups x
+32 prompts, 64-token questions, 1,500 output tokens, c64, one warmup) on dsv4-flash. Every
+policy, plus, on prefix_repetition, `legacy` with `--prefill-prefix-caching off` (the lower
+bound of the report's baseline image, see the docs), and `per-group` under the router's
+conditional disaggregation (docs/routing.md): with the max suffix of the cost estimate from the
+presets ("conditional") and with relaykv router's default of 512 tokens ("conditional 512").
+Prints markdown tables with the report's published numbers side by side and writes JSON + one
 PNG per table into --output-dir.
 
     .venv/bin/python benchmarks/sim_seed_tables.py [--output-dir DIR] [--only gpt-oss|dsv4|stress]
@@ -23,13 +24,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from relaykv.common.workloads import arrival_offsets
 from relaykv.sim.cli import add_arguments, simulate
 from relaykv.sim.hardware import hardware_spec, link_spec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.plots import plot_run
 from relaykv.sim.results import public
 from relaykv.sim.sim_args import build_requests, cluster_spec
-from relaykv.sim.workload import arrival_offsets
 
 POLICIES = ("legacy", "replay-slack", "exact", "per-group")
 PR = [
@@ -97,7 +98,7 @@ STRESS = [
     "--num-warmups",
     "1",
 ]
-# The seed's published numbers: (baseline, PR) per group and metric.
+# The upstream report's published numbers: (baseline, PR) per group and metric.
 SEED = {
     ("dsv4", "c1/output1"): {
         "request_throughput": (0.346, 1.556),

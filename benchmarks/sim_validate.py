@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -97,24 +96,19 @@ QUICK = {
 }
 
 
-def engine_flags(k: int, blocks: int, max_len: int) -> list[str]:
-    return [
-        "--speculative-tokens",
-        str(k),
-        "--num-blocks",
-        str(blocks),
-        "--max-model-len",
-        str(max_len),
-    ]
+def engine_flags(k: int, blocks: int, max_len: int, torch_threads: int | None = None) -> list[str]:
+    """Flags both `relaykv up` and `relaykv sim` take; `torch_threads` None: up's default."""
+    flags = ["--speculative-tokens", str(k), "--num-blocks", str(blocks)]
+    flags += ["--max-model-len", str(max_len)]
+    if torch_threads is not None:
+        flags += ["--torch-threads", str(torch_threads)]
+    return flags
 
 
 def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> dict[str, Any]:
     """One `relaykv up` cluster, one `bench serve` run, the engines' counter deltas."""
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--pd-policy", policy, *flags]
     up += ["--log-dir", str(out / "up-logs")]  # the members' logs, next to the run's results
-    # Single-threaded engines, as calibration times the runner: on a shared machine OpenMP's
-    # spinning threads turn other processes' load into slowdowns of 10x and more.
-    os.environ["OMP_NUM_THREADS"] = "1"
     with ClusterProcess(up, out / "up.log") as cluster:
         urls = cluster.urls
         assert urls is not None
@@ -181,9 +175,13 @@ def compare(
     k: int = 2,
     blocks: int = 3000,
     max_len: int = 4096,
+    torch_threads: int | None = None,
 ) -> dict[str, Any]:
+    """One workload measured and simulated under the same conditions (k with the shipped
+    draft, `torch_threads` per engine: None is `relaykv up`'s default); the calibration
+    `hardware` must have been made under them, or `relaykv sim` refuses it."""
     out.mkdir(parents=True, exist_ok=True)
-    flags = engine_flags(k, blocks, max_len)
+    flags = engine_flags(k, blocks, max_len, torch_threads)
     real = real_run(workload, flags, policy, out)
     sim = sim_run(workload, flags, policy, hardware)
     rows = {}
@@ -213,7 +211,16 @@ def main() -> None:
     parser.add_argument("--hardware", default=None, help="a calibration file (default: make one)")
     parser.add_argument("--output-dir", default="results/sim_validate")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--speculative-tokens", type=int, default=2, help="k (default 2)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="per engine, in calibration, the real runs and the simulation (default 1: on a "
+        "shared machine OpenMP's threads turn other processes' load into slowdowns)",
+    )
     opts = parser.parse_args()
+    k, threads = opts.speculative_tokens, opts.torch_threads
     out = Path(opts.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     hardware = opts.hardware
@@ -226,14 +233,16 @@ def main() -> None:
                 "--model",
                 "tiny-hybrid",
                 "--speculative-tokens",
-                "2",
+                str(k),
+                "--torch-threads",
+                str(threads),
                 "--out",
                 hardware,
             ]
         )
     results = {}
     for i, (name, workload) in enumerate((QUICK if opts.quick else WORKLOADS).items()):
-        results[name] = compare(workload, hardware, out / f"w{i}")
+        results[name] = compare(workload, hardware, out / f"w{i}", k=k, torch_threads=threads)
         print(markdown({name: results[name]}), flush=True)
     (out / "validation.json").write_text(json.dumps(results, indent=1, default=str))
     table = markdown(results)

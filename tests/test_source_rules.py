@@ -48,3 +48,29 @@ def test_layers_and_no_import_circle() -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_only_the_plugin_imports_vllm_and_nothing_imports_the_plugin(tmp_path: Path) -> None:
+    pkg = tmp_path / "src" / "relaykv"
+    files = {
+        "vllm/__init__.py": "import vllm\nfrom relaykv.vllm import connector\n",
+        "vllm/connector.py": "from vllm.config import VllmConfig\nimport relaykv.kvcache\n",
+        "kvcache/__init__.py": "",
+        "serve/__init__.py": "from relaykv.vllm import connector\n",
+        "launch/__init__.py": "def later():\n    import vllm\n",
+        "cli.py": "import relaykv.vllm.connector\n",
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "check_layers.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert sorted(line.split(": ", 1)[1] for line in proc.stdout.splitlines()) == [
+        "cli.py imports relaykv.vllm",
+        "launch imports vllm",
+        "serve imports relaykv.vllm",
+    ]

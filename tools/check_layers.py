@@ -3,10 +3,12 @@
 """Check relaykv's import layering (see docs/architecture.md).
 
 Usage: check_layers.py [PROJECT_ROOT]   (default: current directory)
-Prints one line per import that goes against the layering, and one line per import circle
-between relaykv modules, and exits 1 if there is any. For circles every module-level import
-counts, those under `if TYPE_CHECKING:` too (a circle for the type checker is a circle);
-imports inside a function body do not (they run late, on purpose: optional or heavy code).
+Prints one line per import that goes against the layering (an upward or sideways import,
+vllm imported outside the plugin `relaykv/vllm/`, the plugin imported at all), and one line
+per import circle between relaykv modules, and exits 1 if there is any. For circles every
+module-level import counts, those under `if TYPE_CHECKING:` too (a circle for the type
+checker is a circle); imports inside a function body do not (they run late, on purpose:
+optional or heavy code).
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ ALLOWED = {
 }
 # The shared floor: every layer may import it, and it imports nothing of relaykv outside itself.
 FLOOR = "common"
-# Only the vLLM plugin (relaykv/vllm/) imports vllm; the cache contract, its probe and the
-# floor never import torch.
+# Only the vLLM plugin (relaykv/vllm/) imports vllm, and nothing imports the plugin (vLLM loads
+# it through its entry point); the cache contract, its probe and the floor never import torch.
 PLUGIN = "vllm"
 FORBIDDEN_THIRD_PARTY = {layer: {"vllm"} for layer in ALLOWED}
 for _layer in ("kvcache", "cache_probe", FLOOR):
@@ -157,7 +159,9 @@ def main() -> int:
             top, _, rest = module.partition(".")
             if top == "relaykv":
                 target = rest.split(".")[0]
-                if layer == FLOOR and target != FLOOR:
+                if target == PLUGIN:
+                    problems.append(f"{path}:{lineno}: {layer or rel} imports relaykv.{PLUGIN}")
+                elif layer == FLOOR and target != FLOOR:
                     problems.append(f"{path}:{lineno}: the floor imports relaykv.{target or ''}")
                 elif (
                     layer in ALLOWED

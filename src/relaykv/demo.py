@@ -2,9 +2,10 @@
 
 1. What the cache alone predicts (`relaykv cache-probe` on the model's geometry): the decode
    engine's hits under each P/D policy next to a colocated engine's.
-2. An A/B/A of the seed's prefix_repetition groups scaled to this CPU (c1/output1, c8/output1,
+2. An A/B/A of the prefix_repetition groups of the upstream report (vLLM PR #56449,
+   docs/design.md §11) scaled to this CPU (c1/output1, c8/output1,
    c8/output128 -> fewer requests and tokens: c8/output32) for `legacy` against `per-group`,
-   each on a fresh local P/D cluster (`relaykv up`), with the seed's probe (x+a, x+b) run on
+   each on a fresh local P/D cluster (`relaykv up`), with the report's probe (x+a, x+b) run on
    each cluster first.
    It ends with the table and the paths of the plots.
 3. (Gemma) the same A/B/A on c1/output1 over the link-shaped tcp transport
@@ -18,7 +19,7 @@
    policies' loads.
 
 The real model is Gemma-3-270M from its PyPI package (a true hybrid: 5 sliding : 1 full,
-W=512) with its shipped EAGLE draft (`relaykv.model.drafts`; the seed's setting: a hybrid
+W=512) with its shipped EAGLE draft (`relaykv.model.drafts`; the report's setting: a hybrid
 model with a draft); `--quick`, or a machine without the package, uses the embedded
 tiny-hybrid with its draft.
 """
@@ -82,9 +83,9 @@ REAL = DemoScale(
     "gemma3-270m",
     "--speculative-tokens 1 --num-blocks 2400 --max-model-len 4096",
     3072,
-    # The seed's c8/output128 with 32 output tokens: legacy's pool still admits only about two
-    # requests at once (a private prefix copy each); 128 tokens made this group most of the
-    # demo's time. c1 and c8/output1 take 32 and 48 requests: with 16 and 32 their means
+    # The upstream report's c8/output128 with 32 output tokens: legacy's pool still admits only
+    # about two requests at once (a private prefix copy each); 128 tokens made this group most
+    # of the demo's time. c1 and c8/output1 take 32 and 48 requests: with 16 and 32 their means
     # still moved 11.6 % and 8.3 % between two runs of one configuration.
     ("c1/output1:32", "c8/output1:48", "c8/output32:16"),
     # Gemma-3-270M as the engine groups it: 3 full layers + the EAGLE draft layer (group 0,

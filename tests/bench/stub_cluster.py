@@ -6,7 +6,8 @@ a request's reusable length is `floor((len - 1) / 16) * 16` (one token is always
 `local` = the longest cached block prefix within that, `external` = the rest of it (as if
 loaded from P), `kv_bytes_received` = external * BYTES_PER_TOKEN. With `publish=True` the
 prompt's full blocks enter the cache when the request arrives (before any await, so
-arrival order decides); with `publish=False` nothing is ever cached (the seed's bug).
+arrival order decides); with `publish=False` nothing is ever cached (the bug of
+the upstream report, vLLM PR #56449).
 `behaviour(n, body)` picks per request: ok, http_error, bad_chunk, error_event, drop
 (connection closed mid-stream), stall, no_done (usage but no `[DONE]`).
 

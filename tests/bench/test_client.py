@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from relaykv.bench.arrivals import arrival_offsets
 from relaykv.bench.client import ApiTarget, build_payload, send_request
-from relaykv.bench.datasets import SampleRequest, prefix_repetition_requests
 from relaykv.bench.runner import LoadShape, new_session, run_requests
+from relaykv.common.workloads import SampleRequest, prefix_repetition_requests
+from relaykv.common.workloads.arrivals import arrival_offsets
 from tests.bench.stub_cluster import EngineState, ServerThread
 
 

@@ -46,6 +46,24 @@ def test_all_policies_give_a_list_and_a_table(capsys) -> None:
     assert "per-group" in table and "colocated engine hits" in table
 
 
+def test_tier_blocks_probe_a_flushed_engine_with_a_tier(capsys) -> None:
+    """The device pool let everything go: the tier alone serves the follow-ups; a tier too
+    small for the whole prompt keeps a shorter prefix, never an unusable mix."""
+    base = ["--groups", "full:16,sliding:16:128", "--draft", "0", "--pd-policy", "exact"]
+    out = json.loads(run(capsys, *base, "--tier-blocks", "1000", "--json"))
+    tier = out["tier"]
+    assert tier["tier_blocks"] == 1000
+    assert tier["resend"] == {"hit": 976, "from_tier": 976}  # what the device pool would hit
+    assert tier["sibling"]["hit"] == 960  # the tier's checkpoints: the device's miss
+    small = json.loads(run(capsys, *base, "--tier-blocks", "40", "--json"))["tier"]
+    assert (
+        0 < small["resend"]["hit"] < 976 and small["resend"]["from_tier"] == small["resend"]["hit"]
+    )
+    none = json.loads(run(capsys, *base, "--tier-blocks", "0", "--json"))["tier"]
+    assert none["resend"] == {"hit": 0, "from_tier": 0}
+    assert "with a KV tier of 1000 blocks" in run(capsys, *base, "--tier-blocks", "1000")
+
+
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
@@ -57,6 +75,7 @@ def test_all_policies_give_a_list_and_a_table(capsys) -> None:
         (["--pd-policy", "magic"], "--pd-policy"),
         (["--sibling-diverge", "0"], "--sibling-diverge"),
         (["--groups", "full:16", "--preset", "gemma3-like"], "--preset"),
+        (["--tier-blocks", "-1"], "--tier-blocks"),
     ],
 )
 def test_bad_flags_fail_with_one_line_naming_the_flag(args: list[str], flag: str) -> None:

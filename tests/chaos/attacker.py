@@ -7,21 +7,31 @@ project's interpreter lives under a directory `nobody` cannot enter.
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401  (http.client's lookup, imported before dropping to nobody)
+import http.client
 import multiprocessing
 import os
+import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import zmq
 
+from relaykv.common.messages.kv_events import seq_frame
+
 NOBODY = 65534
 
 
-def _attack(report: Any, targets: dict[str, Any]) -> None:
+def _drop_to_nobody() -> None:
     os.setgroups([])
     os.setgid(NOBODY)
     os.setuid(NOBODY)
+
+
+def _attack(report: Any, targets: dict[str, Any]) -> None:
+    _drop_to_nobody()
     out: dict[str, Any] = {"uid": os.getuid(), "shm_writes": [], "secret_read": None,
                            "cmdline_leaks": [], "transfer_replies": 0}
     for path in targets["shm_files"]:
@@ -72,11 +82,80 @@ def _attack(report: Any, targets: dict[str, Any]) -> None:
     report.send(out)
 
 
+HTTP_PATHS = ("/routing?recent=1", "/cluster", "/metrics", "/health", "/v1/models",
+              "/v1/kv_cache_info", "/v1/kv_cache_info/tokenizer")
+
+
+def _zmq_listen(ctx: zmq.Context, port: int, listen_s: float) -> int:
+    """Bytes a port gives a SUB (subscribed to everything), a replay request from batch 0
+    (vLLM's replay wire) and a DEALER that just waits, over `listen_s`."""
+    endpoint = f"tcp://127.0.0.1:{port}"
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    replay = ctx.socket(zmq.DEALER)
+    for sock in (sub, replay):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+    time.sleep(0.2)
+    replay.send_multipart((b"", seq_frame(0)))
+    received = 0
+    deadline = time.monotonic() + listen_s
+    while time.monotonic() < deadline:
+        for sock in (sub, replay):
+            if sock.poll(50):
+                received += sum(len(f) for f in sock.recv_multipart())
+    sub.close(0)
+    replay.close(0)
+    return received
+
+
+def _probe(report: Any, targets: dict[str, Any]) -> None:
+    """Every listener of the cluster as another uid would try it: HTTP GETs (no API key)
+    on each TCP port, the ZeroMQ SUB/replay wire on each, and a connect to each unix socket."""
+    _drop_to_nobody()
+    out: dict[str, Any] = {"uid": os.getuid(), "http": {}, "zmq_bytes": {}, "unix": {}}
+    for port in targets["ports"]:
+        for path in HTTP_PATHS:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3.0)
+            try:
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                body = resp.read(4_000_000).decode(errors="replace")
+                out["http"][f"{port}{path}"] = (resp.status, body)
+            except (OSError, http.client.HTTPException) as exc:
+                out["http"][f"{port}{path}"] = (-1, type(exc).__name__)
+            finally:
+                conn.close()
+    ctx = zmq.Context()
+    for port in targets["ports"]:
+        out["zmq_bytes"][port] = _zmq_listen(ctx, port, targets.get("listen_s", 1.5))
+    ctx.term()
+    for path in targets["unix_paths"]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(path)
+                out["unix"][path] = "CONNECTED"
+            except OSError as exc:
+                out["unix"][path] = f"denied: {exc.strerror}"
+    report.send(out)
+
+
 def attack_as_nobody(targets: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     """Run the attack in a child running as `nobody`; its report."""
+    return _as_nobody(_attack, targets, timeout)
+
+
+def probe_listeners_as_nobody(targets: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+    """Try every listener in `targets` (`ports`, `unix_paths`) as `nobody`; the report."""
+    return _as_nobody(_probe, targets, timeout)
+
+
+def _as_nobody(
+    attack: Callable[[Any, dict[str, Any]], None], targets: dict[str, Any], timeout: float
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_attack, args=(child, targets))
+    proc = ctx.Process(target=attack, args=(child, targets))
     proc.start()
     try:
         if not parent.poll(timeout):

@@ -9,6 +9,7 @@ shared-memory file left by any member process that is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -158,6 +159,42 @@ class UpCluster:
             if pid in self.member_pids and not Path(f"/proc/{pid}").exists():
                 leaked.append(name)
         return leaked
+
+
+def listeners(pids: Sequence[int]) -> tuple[list[int], list[str]]:
+    """Every listening TCP port and every bound unix socket path of `pids` (root reads
+    their file descriptors; /proc/net maps the socket inodes to ports and paths)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    paths = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith("/"):
+            paths.add(fields[7])
+    return sorted(ports), sorted(paths)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, their children, ..."""
+    out, todo = [], [pid]
+    while todo:
+        found = _children(todo.pop())
+        out += found
+        todo += found
+    return out
 
 
 def engine_state(url: str) -> dict[str, float]:

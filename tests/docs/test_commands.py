@@ -15,6 +15,12 @@ PROBE_HEADING = "What to expect: `relaykv cache-probe`"
 KVCACHE_EXAMPLE = claim("docs/kvcache.md", PROBE_HEADING, "relaykv cache-probe --gr", by=__name__)
 KVCACHE_PRESET = claim("docs/kvcache.md", PROBE_HEADING, "relaykv cache-probe --pr", by=__name__)
 POLICIES = claim("docs/policies.md", "What the cache predicts", "relaykv cache-probe", by=__name__)
+TIER_PROBE = claim(
+    "docs/tier.md",
+    "What a tier of a given size would hit: `relaykv cache-probe --tier-blocks`",
+    "relaykv cache-probe --preset gpt-oss-like --pd-policy per-group --tier-blocks",
+    by=__name__,
+)
 BAD_FLAGS = claim("docs/serving.md", "Flags", "relaykv serve --kv-cache-memory 12XB", by=__name__)
 TOKENIZER = claim(
     "docs/benchmarking.md",
@@ -31,7 +37,9 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 @pytest.mark.parametrize(
-    "block", [KVCACHE_EXAMPLE, KVCACHE_PRESET, POLICIES], ids=lambda b: f"{b.doc}:{b.line}"
+    "block",
+    [KVCACHE_EXAMPLE, KVCACHE_PRESET, POLICIES, TIER_PROBE],
+    ids=lambda b: f"{b.doc}:{b.line}",
 )
 def test_cache_probe_prints_what_the_docs_show(sandbox: Sandbox, block: Block) -> None:
     (command,) = block.commands()
@@ -49,5 +57,5 @@ def test_a_bad_flag_is_one_line_naming_it(sandbox: Sandbox) -> None:
 def test_tokenizer_export(sandbox: Sandbox) -> None:
     (command,) = TOKENIZER.commands()
     sandbox.run(command.text)
-    listed = sandbox.run("ls /tmp/tiny-hybrid-tokenizer").stdout.split()
+    listed = sandbox.run("ls tiny-hybrid-tokenizer").stdout.split()
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(listed)

@@ -21,6 +21,7 @@ from relaykv.engine.kv_events import ZmqEventPublisher
 from relaykv.engine.kv_events_config import (
     KVEventsConfig,
     KVEventsConfigError,
+    off_host,
     parse_kv_events_config,
 )
 from relaykv.kvcache import KVCacheManager, KVEvent
@@ -276,3 +277,35 @@ def test_default_endpoint_binds_loopback() -> None:
         assert publisher.endpoint.startswith("tcp://127.0.0.1:")
     finally:
         publisher.shutdown()
+
+
+def test_only_endpoints_off_the_host_need_curve() -> None:
+    """Loopback tcp stays vLLM's plain wire (for vLLM's consumers on this host); ipc is
+    guarded by its directory; an address other hosts reach is CURVE (docs/kv-events.md)."""
+    for endpoint in ("tcp://*:5557", "tcp://*:*", "tcp://127.0.0.1:1", "tcp://localhost:2",
+                     "tcp://[::1]:3", "ipc:///run/x/events", "inproc://events"):
+        assert not off_host(endpoint), endpoint
+        assert not _config(endpoint=endpoint, replay_endpoint=None).curve
+    for endpoint in ("tcp://0.0.0.0:1", "tcp://[::]:2", "tcp://10.0.0.1:3", "tcp://host-a:4"):
+        assert off_host(endpoint), endpoint
+        assert _config(endpoint="tcp://*:5557", replay_endpoint=endpoint).curve
+def test_tier_events_carry_the_tier_medium() -> None:
+    """A KV tier's events name it in `medium` (vLLM's convention: CPU for host memory); the
+    device pool's stay GPU (docs/tier.md)."""
+    from relaykv.engine.kv_events import wire_event
+    from relaykv.kvcache import KVCacheManager
+    from relaykv.kvcache.tier import InstantTier
+    from tests.kvcache.conftest import geometry, tokens
+
+    geo = geometry("full:16", "sliding:16:64")
+    seen: list = []  # the cache's KVEvents
+    cache = KVCacheManager(geo, 40, tier=InstantTier(100), on_event=seen.append)
+    req = cache.add_request("a", tokens(100))
+    assert cache.admit(req, 100) is not None
+    cache.commit(req, 100)
+    cache.release(req)
+    cache.tier_poll()
+    media = {wire_event(e, geo).medium for e in seen if e.kind == "stored"}
+    assert media == {"GPU", "CPU"}
+    tier_keys = {k for e in seen if e.medium == "CPU" for k in e.keys}
+    assert cache.tier is not None and tier_keys == {k for m in cache.tier.index.maps for k in m}

@@ -41,3 +41,13 @@ def related_prompts(draw: st.DrawFn, count: int = 4, max_len: int = 80) -> list[
         else:
             prompts.append(tail)
     return prompts
+
+
+def branching_prompts(bases: list[list[int]], max_tail: int = 12) -> st.SearchStrategy[list[int]]:
+    """A prefix of one of `bases` plus a short random tail (never empty)."""
+    return st.builds(
+        lambda b, keep, tail: (b[:keep] + tail) or [1],
+        st.sampled_from(bases),
+        st.integers(0, max(len(b) for b in bases)),
+        st.lists(st.integers(0, 4), max_size=max_tail),
+    )

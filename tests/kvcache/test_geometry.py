@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from relaykv.kvcache import Geometry, GroupSpec, parse_groups, preset
+from relaykv.kvcache import Geometry, GroupSpec, LayerGroup, group_layers, parse_groups, preset
 
 
 def test_alignment_is_lcm_and_hash_unit_is_gcd() -> None:
@@ -50,3 +50,37 @@ def test_group_spec_validation() -> None:
         GroupSpec("sliding", 16)
     with pytest.raises(ValueError):
         GroupSpec("full", 16, window=8)
+
+
+FULL = ("full", None, 1, 64)
+SLIDING = ("sliding", 512, 1, 64)
+
+
+def test_group_layers_splits_the_larger_kind_into_interleaved_groups() -> None:
+    # Gemma-3: 15 sliding, 3 full -> the full group first, then 5 sliding groups of 3.
+    keys = [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(18)]
+    groups = group_layers(keys)
+    assert [(g.key, g.num_layers) for g in groups] == [(FULL, 3)] + [(SLIDING, 3)] * 5
+    sliding = [i for i, k in enumerate(keys) if k == SLIDING]
+    assert groups[1].layers == tuple(sliding[0::5]) and groups[5].layers == tuple(sliding[4::5])
+
+
+def test_group_layers_keeps_kinds_whole_under_one_and_a_half_times() -> None:
+    # gpt-oss-like: 12 sliding, 13 full: splitting would only add groups.
+    keys = [SLIDING, FULL] * 12 + [FULL]
+    assert [g.num_layers for g in group_layers(keys)] == [13, 12]
+    assert [g.num_layers for g in group_layers([FULL] * 6)] == [6]
+
+
+def test_group_layers_puts_the_draft_last_in_the_first_group_of_its_key() -> None:
+    keys = [SLIDING, FULL] * 2
+    assert group_layers(keys, FULL) == (
+        LayerGroup(FULL, (1, 3), draft=True),
+        LayerGroup(SLIDING, (0, 2)),
+    )
+    assert group_layers(keys, FULL)[0].num_layers == 3
+    # No target layer of the draft's key: the draft gets a group of its own.
+    assert group_layers([SLIDING] * 2, FULL) == (
+        LayerGroup(FULL, (), draft=True),
+        LayerGroup(SLIDING, (0, 1)),
+    )

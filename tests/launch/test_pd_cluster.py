@@ -1,6 +1,6 @@
 """P/D across processes: `relaykv up` (prefill engine, decode engine, router) on tiny-hybrid
 with an EAGLE draft, one cluster per policy and every transport in one of them. Greedy output
-through the router equals a colocated engine's, the seed's probe shows each policy's
+through the router equals a colocated engine's, the upstream report's probe shows each policy's
 decode-side reuse, and a soak loses nothing and leaks nothing."""
 
 from __future__ import annotations

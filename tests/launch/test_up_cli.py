@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 
 import httpx
 import pytest
 
+from relaykv.launch.cluster import Cluster
 from relaykv.serve.assembly.cpu_threads import colocated_engine_env
 
 
@@ -60,3 +62,24 @@ def test_up_rejects_bad_counts() -> None:
 def test_colocated_engines_get_a_passive_openmp_wait_policy_unless_set() -> None:
     assert colocated_engine_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert colocated_engine_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+
+
+def test_kv_events_are_ipc_sockets_in_a_private_runtime_directory(tmp_path) -> None:
+    """With cache-aware routing `up`'s engines publish events and replay on ipc sockets in a
+    0700 directory (no TCP port another uid could reach; docs/security.md, "Listeners")."""
+    cluster = Cluster(engine_args=[], num_prefill=1, num_decode=2, kv_events=True,
+                      log_dir=tmp_path)
+    cluster.plan()
+    run_dir = cluster.run_dir
+    assert run_dir is not None and stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    endpoints = []
+    for member in cluster.members[:-1]:  # the engines; the router last
+        config = json.loads(member.argv[member.argv.index("--kv-events-config") + 1])
+        assert config["enable_kv_cache_events"] and config["publisher"] == "zmq"
+        endpoints += [config["endpoint"], config["replay_endpoint"]]
+        assert config["endpoint"] == f"ipc://{run_dir}/{member.name}-events"
+        assert config["replay_endpoint"] == f"ipc://{run_dir}/{member.name}-replay"
+    assert len(set(endpoints)) == 6
+    assert "--kv-events-config" not in cluster.members[-1].argv
+    cluster.stop()
+    assert not run_dir.exists()  # the cluster made it, the cluster removes it

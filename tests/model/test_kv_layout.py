@@ -72,11 +72,3 @@ def test_draft_without_a_matching_group_gets_its_own():
         ("sliding", False, 2),
     ]
     assert geo.eagle and geo.alignment == 4
-
-
-def test_page_balancing_splits_the_larger_kind() -> None:
-    from relaykv.model.kv_layout import _layers_per_group
-
-    assert _layers_per_group([3, 15]) == 3  # Gemma-3: 5 sliding groups of 3
-    assert _layers_per_group([12, 13]) == 13  # gpt-oss-like: splitting would only add groups
-    assert _layers_per_group([6]) == 6

@@ -126,3 +126,22 @@ async def test_model_by_id_is_relayed() -> None:
     async with _client(router, RawEngines()) as client:
         resp = await client.get("/v1/models/tiny-hybrid")
     assert resp.status_code == 200 and resp.json() == {"id": "tiny-hybrid"}
+
+
+async def test_routing_records_are_behind_the_api_key() -> None:
+    """`/routing` lists per-request records: with a key set, only its holders read them
+    (docs/security.md, "Listeners"); `/health`, `/cluster` and `/metrics` stay open."""
+    router = Router([P1], [D1], api_key="k")
+    transport = httpx.ASGITransport(app=create_router_app(router))
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        denied = await client.get("/routing?recent=1")
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        wrong = await client.get("/routing", headers={"Authorization": "Bearer x"})
+        assert wrong.status_code == 401
+        ok = await client.get("/routing?recent=1", headers={"Authorization": "Bearer k"})
+        assert ok.status_code == 200 and "engines" in ok.json()
+        assert (await client.get("/cluster")).status_code == 200
+    open_router = Router([P1], [D1])
+    transport = httpx.ASGITransport(app=create_router_app(open_router))
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        assert (await client.get("/routing")).status_code == 200

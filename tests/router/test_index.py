@@ -136,3 +136,38 @@ def test_holders_bits_follow_every_engines_events() -> None:
     indexes[0].close()
     assert all(not mask & (1 << 0) for gmap in holders.maps for mask in gmap.values())
 
+
+def test_tier_events_make_tier_blocks_reachable_at_a_cost() -> None:
+    """An engine with a KV tier (docs/tier.md): its events with medium CPU feed the index's
+    tier maps; the usable hit counts what the tier adds beyond the device hit at
+    TIER_WEIGHT, both computed by kvcache's own lookups."""
+    from relaykv.kvcache.tier import InstantTier
+    from relaykv.router.index import TIER_WEIGHT
+
+    geo = geometry("full:16", "sliding:16:64", draft=0)
+    engine = KVCacheManager(geo, 60, tier=InstantTier(400))
+    index = _mirror(engine)
+    rng = random.Random(2)
+    systems = [tokens(rng.randrange(100, 300), seed=s) for s in range(4)]
+    mixed = 0
+    for i in range(24):
+        prompt = systems[rng.randrange(4)] + tokens(rng.randrange(1, 40), seed=2000 + i)
+        probe = engine.add_request(f"probe{i}", prompt)
+        device = engine._lookup(probe).tokens
+        tiered = engine._lookup(probe, tiered=True).tokens
+        engine.release(probe)
+        mixed += tiered > device
+        want = device + int(TIER_WEIGHT * (tiered - device))
+        assert index.usable_hit(index.request(prompt)) == want
+        assert index.hit_bound(index.request(prompt)) >= want
+        req = engine.add_request(f"r{i}", prompt)
+        adm = engine.admit(req, len(prompt))
+        assert adm is not None and adm.start == tiered
+        engine.tier_poll()  # loads (and stores) of an instant tier end here
+        engine.commit(req, len(prompt), [5])
+        engine.release(req)
+        engine.tier_poll()
+        assert engine.tier is not None
+        assert [set(m) for m in index.tier.maps] == [set(m) for m in engine.tier.index.maps]
+        assert [set(m) for m in index.maps] == [set(m) for m in engine.pool.maps]
+    assert mixed > 0  # some hits reached into the tier

@@ -173,10 +173,7 @@ def test_affinity_second_router_kill_and_restart(tmp_path: Path) -> None:
         # Restart it on the same port: back in rotation with a new, empty index.
         before = _routing(router)["engines"][victim.url]["decisions"]
         victim.process.wait(10)
-        with victim.log_path.open("ab") as log:
-            victim.process = subprocess.Popen(
-                victim.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        cluster.launch(victim)
         _wait(lambda: _decode_health(router)[victim.url], 120, "the restarted engine")
         assert _routing(router)["engines"][victim.url]["indexed_blocks"] == 0
         # New prefixes (no hit anywhere) spread on load, so the restarted engine gets some.
@@ -187,4 +184,37 @@ def test_affinity_second_router_kill_and_restart(tmp_path: Path) -> None:
         if second is not None:
             os.killpg(second.pid, signal.SIGTERM)
             second.wait(30)
+        cluster.stop()
+
+
+def test_events_published_off_the_host_are_followed_over_curve(tmp_path: Path) -> None:
+    """Engines publishing on every address (as for a router on another host) use CURVE with
+    keys from the cluster secret (the suite's, in every member's environment): the router
+    follows them, a plain ZeroMQ subscriber gets nothing (docs/kv-events.md)."""
+    import zmq
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://0.0.0.0:*",
+              "replay_endpoint": "tcp://0.0.0.0:*"}
+    cluster = Cluster(
+        engine_args=[*ENGINE_ARGS, "--kv-events-config", json.dumps(events)],
+        router_args=["--routing", "cache-aware"],
+        log_dir=tmp_path,
+    )
+    cluster.start(timeout=300)
+    ctx = zmq.Context()
+    try:
+        router = cluster.router.url
+        infos = [httpx.get(f"{url}/v1/kv_cache_info", timeout=5).json()["kv_events"]
+                 for url in cluster.urls("prefill") + cluster.urls("decode")]
+        assert all(i["curve"] and i["endpoint"].startswith("tcp://0.0.0.0:") for i in infos)
+        plain = ctx.socket(zmq.SUB)
+        plain.setsockopt(zmq.SUBSCRIBE, b"")
+        plain.connect(infos[1]["endpoint"].replace("0.0.0.0", "127.0.0.1"))
+        assert all(s == 200 for s in asyncio.run(_load(router, 6, concurrency=2)))
+        _wait(lambda: all(e["indexed_blocks"] for e in _routing(router)["engines"].values()),
+              20, "the router's index over CURVE")
+        assert not plain.poll(500)
+        plain.close(0)
+    finally:
+        ctx.term()
         cluster.stop()

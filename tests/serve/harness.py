@@ -2,7 +2,9 @@
 
 `reference_served` builds a `ServedEngine` through the real factory (`assemble_engine`)
 around `PacedExecutor`: the reference executor (tests/engine) plus optional per-step delay
-(to keep requests in flight for disconnect and drain tests) and deterministic logprobs.
+(to keep requests in flight for disconnect tests), a step gate the test holds and opens
+(drain tests: a request stays in flight however slow the machine is) and deterministic
+logprobs.
 `ServerThread` runs the CLI's uvicorn server (`DrainingServer`) in a daemon thread on a free
 port of 127.0.0.1.
 """
@@ -45,13 +47,48 @@ def fake_logprob(token: int) -> float:
 
 
 class PacedExecutor(ReferenceExecutor):
-    """The reference executor, `delay` seconds per step, logprobs from `fake_logprob`."""
+    """The reference executor, `delay` seconds per step, logprobs from `fake_logprob`.
+
+    The gate: after `hold(n)` the engine runs `n` more steps, then its next step waits
+    (`wait_held` returns once it does) until `release()`."""
+
+    GATE_TIMEOUT_S = 300.0  # a test that never releases fails instead of hanging
 
     def __init__(self, geometry: Geometry, num_blocks: int, k: int = 0) -> None:
         super().__init__(geometry, num_blocks, k=k)
         self.delay = 0.0
+        self._gate = threading.Condition()
+        self._steps_left: int | None = None  # None: the gate is open
+        self._held = False
+
+    def hold(self, steps: int = 0) -> None:
+        with self._gate:
+            self._steps_left = steps
+
+    def release(self) -> None:
+        with self._gate:
+            self._steps_left = None
+            self._gate.notify_all()
+
+    def wait_held(self, timeout: float) -> bool:
+        """Whether the engine's step is waiting at the closed gate within `timeout` s."""
+        with self._gate:
+            return self._gate.wait_for(lambda: self._held, timeout)
+
+    def _pass_gate(self) -> None:
+        with self._gate:
+            if self._steps_left == 0:
+                self._held = True
+                self._gate.notify_all()
+                opened = self._gate.wait_for(lambda: self._steps_left != 0, self.GATE_TIMEOUT_S)
+                self._held = False
+                if not opened:
+                    raise RuntimeError("the test never opened the step gate")
+            if self._steps_left is not None:
+                self._steps_left -= 1
 
     def execute(self, batch: StepBatch) -> StepOutput:
+        self._pass_gate()
         if self.delay:
             time.sleep(self.delay)
         out = super().execute(batch)

@@ -61,3 +61,14 @@ def test_flags_checked_against_the_model(capsys) -> None:
     assert "--draft-model" in fails(
         capsys, "--speculative-tokens", "2", "--draft-model", "/no/such/draft", loads=True
     )
+
+
+def test_kv_events_off_the_host_need_the_cluster_secret(capsys, monkeypatch, tmp_path) -> None:
+    """An event endpoint another host can reach is CURVE with keys derived from the cluster
+    secret (docs/kv-events.md): without a usable secret the engine refuses to start."""
+    monkeypatch.delenv("RELAYKV_KV_SECRET_FILE", raising=False)
+    config = '{"enable_kv_cache_events": true, "endpoint": "tcp://0.0.0.0:5557"}'
+    err = fails(capsys, "--kv-events-config", config)
+    assert "--kv-events-config" in err and "--kv-secret-file" in err
+    err = fails(capsys, "--kv-events-config", config, "--kv-secret-file", str(tmp_path / "none"))
+    assert err.startswith("relaykv serve: error: argument --kv-secret-file")

@@ -5,7 +5,7 @@ One tiny-hybrid P/D cluster (`relaykv up`'s members: prefill, decode, relaykv's 
 * vllm-router in P/D mode (`cache_aware`, deep health checks on `/health_generate`, then
   `power_of_two` on `/get_load`): plain, streaming and chat requests succeed with the same
   greedy tokens as through relaykv's router, every endpoint it polls answers 2xx (the
-  engines' access logs), and the seed's probe through it reads the same decode-engine
+  engines' access logs), and the upstream report's probe through it reads the same decode-engine
   counters as through relaykv's router, including the sibling's prefix reused on D.
 * vllm-router with `kv_aware`, fed by the prefill engine's KV events (`--pd-kv-events`,
   static, as its P/D mode requires): the same requests succeed, every poll answers 2xx, and
@@ -256,7 +256,7 @@ def test_behind_vllm_router(
     )
     try:
         _requests_match_relaykv_router(cluster, front)
-        # the seed's probe: same decode-engine counters as through relaykv's router
+        # the upstream report's probe: same decode-engine counters as through relaykv's router
         through_ours = _probe(cluster.router.url, cluster, 11, capsys)
         through_vllm_router = _probe(front.url, cluster, 12, capsys)
         assert through_vllm_router == through_ours

@@ -1,14 +1,14 @@
 """Simulated clusters: invariants hold, runs are deterministic, the policies behave as the
-seed reported at a small scale (gpt-oss geometry, prefix_repetition)."""
+upstream report (vLLM PR #56449) found, at a small scale (gpt-oss geometry, prefix_repetition)."""
 
 from __future__ import annotations
 
+from relaykv.common.workloads import arrival_offsets, prefix_repetition_requests
 from relaykv.engine import SchedulerConfig
 from relaykv.sim.cluster import ClusterSpec, SimCluster
 from relaykv.sim.hardware import HARDWARE, LINKS
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.results import summarize
-from relaykv.sim.workload import arrival_offsets, prefix_repetition_dataset
 
 MODEL = model_spec("gpt-oss-20b")
 
@@ -29,7 +29,9 @@ def _run(
         scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_model_len=4096),
         **kw,  # type: ignore[arg-type]
     )
-    reqs = prefix_repetition_dataset(n, MODEL.vocab_size, 2000, 32, 1, 16, 0, True)
+    reqs = prefix_repetition_requests(
+        n, MODEL.vocab_size, prefix_len=2000, suffix_len=32, num_prefixes=1, output_len=16
+    )
     cluster = SimCluster(spec)
     before: dict = {}
     start = cluster.run(
@@ -51,7 +53,8 @@ def test_policies_on_prefix_repetition() -> None:
     for r in (legacy, slack, per_group):
         assert r["completed"] == 12 and r["failed"] == 0
         assert r["total_output_tokens"] == 12 * 16
-    # The seed: with the draft in the full group, D's local hits stay at 0 under both.
+    # As in the upstream report: with the draft in the full group, D's local hits stay at 0
+    # under both.
     assert legacy["d_local_hit_tokens"] == 0 and slack["d_local_hit_tokens"] == 0
     assert per_group["d_local_hit_share"] >= 0.9
     assert per_group["d_kv_bytes_received"] * 10 <= legacy["d_kv_bytes_received"]
@@ -65,9 +68,16 @@ def test_runs_are_deterministic() -> None:
 
 
 def test_cache_aware_routing_keeps_siblings_together() -> None:
-    from relaykv.sim.workload import shared_prefix_dataset
+    from relaykv.common.workloads import generated_shared_prefix_requests
 
-    reqs = shared_prefix_dataset(MODEL.vocab_size, 4, 6, 3000, 32, 8, 1.0, 42, True)
+    reqs = generated_shared_prefix_requests(
+        MODEL.vocab_size,
+        num_groups=4,
+        prompts_per_group=6,
+        system_prompt_len=3000,
+        question_len=32,
+        output_len=8,
+    )
     shares = {}
     for mode in ("cache-aware", "round-robin"):
         spec = ClusterSpec(

@@ -84,3 +84,33 @@ def test_hf_config_moe_and_unknown_names(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown model"):
         model_spec("no-such-model")
     assert set(PRESETS) == {"tiny-hybrid", "gemma3-270m", "gpt-oss-20b", "dsv4-flash"}
+
+
+def test_hf_config_honours_qwen3_sliding_window_fields() -> None:
+    raw = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 8,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "intermediate_size": 32,
+        "sliding_window": 32,
+        "max_window_layers": 6,
+    }
+    # Qwen3 ignores sliding_window unless use_sliding_window is set (the model does too).
+    assert [(g.kind, g.num_layers) for g in from_hf_config(raw).geometry(False).groups] == [
+        ("full", 8)
+    ]
+    spec = from_hf_config({**raw, "use_sliding_window": True})
+    assert [(k.kind, k.window, k.num_layers) for k in spec.layers] == [
+        ("sliding", 32, 2),
+        ("full", None, 6),
+    ]
+    # Page balancing: 6 full layers in 3 groups of 2, as many as the sliding kind holds.
+    assert [(g.kind, g.num_layers) for g in spec.geometry(False).groups] == [
+        ("full", 2),
+        ("full", 2),
+        ("full", 2),
+        ("sliding", 2),
+    ]

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import pytest
 
+from relaykv.common.workloads import generated_shared_prefix_requests
 from relaykv.engine import SchedulerConfig
 from relaykv.router.prompt import Prompt
 from relaykv.sim.cluster import ClusterSpec, SimCluster
 from relaykv.sim.hardware import HARDWARE, LINKS
 from relaykv.sim.model_presets import model_spec
-from relaykv.sim.workload import shared_prefix_dataset
 
 MODEL = model_spec("gpt-oss-20b")
 
 
 @pytest.mark.parametrize("policy", ["per-group", "exact"])
 def test_indexes_follow_the_engines(policy: str) -> None:
-    reqs = shared_prefix_dataset(MODEL.vocab_size, 3, 3, 700, 40, 4, 1.0, 42, True)
+    reqs = generated_shared_prefix_requests(
+        MODEL.vocab_size,
+        num_groups=3,
+        prompts_per_group=3,
+        system_prompt_len=700,
+        question_len=40,
+        output_len=4,
+    )
     spec = ClusterSpec(
         MODEL,
         HARDWARE["h100"],
@@ -36,7 +43,7 @@ def test_indexes_follow_the_engines(policy: str) -> None:
         for rule in engine.manager.rules:
             held = {k for k in engine.manager.pool.block_key if k is not None}
             assert set(index.maps[rule.index]) <= held
-        hits = [index.usable_hit(Prompt(r.prompt).request_for(index)) for r in reqs]
-        bounds = [index.hit_bound(Prompt(r.prompt).request_for(index)) for r in reqs]
+        hits = [index.usable_hit(Prompt(r.prompt_ids).request_for(index)) for r in reqs]
+        bounds = [index.hit_bound(Prompt(r.prompt_ids).request_for(index)) for r in reqs]
         assert all(b >= h for b, h in zip(bounds, hits, strict=True))
         assert any(hits), name  # every engine served some prefix it still holds

@@ -13,12 +13,12 @@ import time
 
 import pytest
 
+from relaykv.common.workloads import generated_shared_prefix_requests
 from relaykv.engine import EngineConfig, LLMEngine, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.sim.cluster import ClusterSpec, SimCluster
 from relaykv.sim.hardware import HARDWARE, LINKS
 from relaykv.sim.model_presets import model_spec
-from relaykv.sim.workload import shared_prefix_dataset
 
 BLOCKS, K = 200, 2
 SCHED = SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024)
@@ -30,7 +30,9 @@ COUNTERS = (
     "kv_bytes_sent",
     "loads_coalesced",
 )
-PROMPTS = [r for r in shared_prefix_dataset(259, 2, 2, 150, 12, 3, 1.0, 42, True)]
+PROMPTS = generated_shared_prefix_requests(
+    259, num_groups=2, prompts_per_group=2, system_prompt_len=150, question_len=12, output_len=3
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,7 @@ def _real(model, policy: str) -> dict[str, dict[str, int]]:
         for i, r in enumerate(PROMPTS):
             p.add_request(
                 f"r{i}",
-                r.prompt,
+                r.prompt_ids,
                 SamplingParams(max_tokens=1, temperature=0),
                 kv_transfer_params={"do_remote_decode": True},
             )
@@ -80,7 +82,7 @@ def _real(model, policy: str) -> dict[str, dict[str, int]]:
                     params = out.kv_transfer_params or params
             d.add_request(
                 f"r{i}",
-                r.prompt,
+                r.prompt_ids,
                 SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
                 kv_transfer_params=params,
             )

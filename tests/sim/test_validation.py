@@ -1,5 +1,6 @@
 """Predicted vs measured on this machine: calibrate, then run the same small workload on a
-real `relaykv up` cluster (tiny-hybrid + EAGLE draft, shm) and in the simulator.
+real `relaykv up` cluster (tiny-hybrid, shm) and in the simulator, at `relaykv up`'s
+defaults (no draft, the default torch threads) and with the shipped EAGLE draft at k=2.
 
 Acceptance (docs/simulator.md "Validation against real runs"): mean TTFT, mean TPOT and
 output throughput within 35 %, D's local hit tokens within 5 %. The calibration is made
@@ -14,6 +15,7 @@ The same comparison at bigger sizes is `benchmarks/sim_validate.py`.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -25,11 +27,27 @@ TIMING = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 TOLERANCE = {**dict.fromkeys(TIMING, 0.35), "d_local_hit_tokens": 0.05}
 
 
+def threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _out_of_tolerance(errors: dict[str, float]) -> list[str]:
     return [key for key, tol in TOLERANCE.items() if abs(errors[key]) > tol]
 
 
-def test_simulator_predicts_a_real_run(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "k",
+    [
+        pytest.param(0, id="up-defaults"),  # relaykv up's defaults: no draft
+        pytest.param(2, id="shipped-draft-k2"),  # the draft tiny-hybrid ships, k=2
+    ],
+)
+def test_simulator_predicts_a_real_run(tmp_path, k: int) -> None:
+    """Calibration, real run and simulation at the same conditions: k (with the shipped
+    draft), `relaykv up`'s default torch threads (here the suite's `OMP_NUM_THREADS`), the
+    default shm transport."""
     pytest.importorskip("torch")
     from benchmarks.sim_validate import QUICK, compare
 
@@ -41,8 +59,17 @@ def test_simulator_predicts_a_real_run(tmp_path) -> None:
         # Each attempt calibrates afresh: a calibration slowed by a burst of other work would
         # otherwise skew all three comparisons the same way, like a wrong cost model.
         hardware = tmp_path / f"calibration{attempt}.json"
-        hardware.write_text(json.dumps(calibrate("tiny-hybrid", 2, "shm", quick=True)))
-        rows = compare(workload, str(hardware), tmp_path / f"run{attempt}")["rows"]
+        calibration = calibrate("tiny-hybrid", k, "shm", quick=True)
+        assert calibration["conditions"] == {
+            "model": "tiny-hybrid",
+            "speculative_tokens": k,
+            "draft": "shipped" if k else None,  # timed with the draft the model ships
+            "torch_threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or threads(),
+            "kv_transport": "shm",
+        }
+        assert (calibration["acceptance_rate"] > 0) == (k > 0)
+        hardware.write_text(json.dumps(calibration))
+        rows = compare(workload, str(hardware), tmp_path / f"run{attempt}", k=k)["rows"]
         runs.append({key: row["error"] for key, row in rows.items()})
         if attempt == 0 and not _out_of_tolerance(runs[0]):
             break

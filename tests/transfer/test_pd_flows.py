@@ -1,4 +1,4 @@
-"""P/D flows: the seed's probe phases per policy, shared loads, failures, leases (§7)."""
+"""P/D flows: the upstream report's probe phases per policy, shared loads, failures, leases (§7)."""
 
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from relaykv.bench.datasets import SampleRequest
 from relaykv.bench.outcome import RequestOutcome
-from relaykv.bench.sse import SSEDecoder
+from relaykv.common.messages.sse import SSEDecoder
+from relaykv.common.workloads import SampleRequest
 
 DONE = "[DONE]"
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import aiohttp
 from tqdm import tqdm
 
-from relaykv.bench.arrivals import arrival_offsets
 from relaykv.bench.client import ApiTarget, send_request
-from relaykv.bench.datasets import SampleRequest
 from relaykv.bench.outcome import RequestOutcome
+from relaykv.common.workloads import SampleRequest
+from relaykv.common.workloads.arrivals import arrival_offsets
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from relaykv.cache_probe.engine import run_vllm_probe
 from relaykv.cache_probe.probe import FOLLOW_UPS, run_probe
 from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
 from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
 from relaykv.kvcache.retention import RETENTION_HELP, parse_retention
+
+ENGINES = ("relaykv", "vllm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extension-len", type=int, default=48)
     parser.add_argument("--sibling-diverge", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tier-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also probe a colocated engine with a KV tier of N blocks whose device pool "
+        "let everything go (docs/tier.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="relaykv",
+        help="relaykv's cache manager (default), or vLLM 0.33's real scheduler with the "
+        "relaykv.vllm plugin (legacy: stock vLLM); runs in the vLLM venv, tools/vllm_venv.sh",
+    )
 
 
 def build_geometry(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Geometry:
@@ -62,6 +80,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace, geometry
             f"argument --sibling-diverge: must be in 1..{args.prompt_len - 1}, "
             f"got {args.sibling_diverge}"
         )
+    if args.tier_blocks is not None and args.tier_blocks < 0:
+        parser.error(f"argument --tier-blocks: must be >= 0, got {args.tier_blocks}")
     try:
         parse_retention(args.retention, geometry.alignment)
     except ValueError as exc:
@@ -72,24 +92,37 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     parser = parser or argparse.ArgumentParser(prog="relaykv cache-probe")
     geometry = build_geometry(parser, args)
     validate(parser, args, geometry)
-    policies = list(PDPolicy) if args.pd_policy == "all" else [PDPolicy(args.pd_policy)]
+    if getattr(args, "engine", "relaykv") == "vllm":
+        return run_vllm_probe(args, parser)
     results = [
         run_probe(
-            geometry,
-            policy,
-            args.prompt_len,
-            retention=args.retention,
-            extension_len=args.extension_len,
-            sibling_diverge=args.sibling_diverge,
-            seed=args.seed,
+            geometry, policy, args.prompt_len, tier_blocks=args.tier_blocks, **probe_options(args)
         )
-        for policy in policies
+        for policy in selected_policies(args)
     ]
-    if args.json:
-        print(json.dumps(results if args.pd_policy == "all" else results[0]))
-    else:
-        print(format_table(geometry, args, results))
+    print(render(geometry, args, results))
     return 0
+
+
+def selected_policies(args: argparse.Namespace) -> list[PDPolicy]:
+    return list(PDPolicy) if args.pd_policy == "all" else [PDPolicy(args.pd_policy)]
+
+
+def probe_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The probe's keyword arguments from the command line (both engines take them)."""
+    return dict(
+        retention=args.retention,
+        extension_len=args.extension_len,
+        sibling_diverge=args.sibling_diverge,
+        seed=args.seed,
+    )
+
+
+def render(geometry: Geometry, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    """The command's output: JSON (a list for `--pd-policy all`) or the table."""
+    if args.json:
+        return json.dumps(results if args.pd_policy == "all" else results[0])
+    return format_table(geometry, args, results)
 
 
 def format_table(
@@ -101,6 +134,16 @@ def format_table(
         f"prompt N={args.prompt_len}, extension +{args.extension_len}, sibling diverges "
         f"{args.sibling_diverge} tokens before the end, retention={args.retention}",
         "colocated engine hits: " + ", ".join(f"{k} {colocated[k]}" for k in FOLLOW_UPS),
+    ]
+    tier = results[0].get("tier")
+    if tier is not None:
+        lines.append(
+            f"with a KV tier of {tier['tier_blocks']} blocks, device pool flushed: "
+            + ", ".join(
+                f"{k} {tier[k]['hit']} ({tier[k]['from_tier']} from the tier)" for k in FOLLOW_UPS
+            )
+        )
+    lines += [
         "",
         "decode engine (D): local tokens reused / blocks received per group",
     ]

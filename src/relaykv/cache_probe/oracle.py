@@ -9,12 +9,12 @@ on random cache states.
 from __future__ import annotations
 
 from relaykv.kvcache.groups import GroupRules
-from relaykv.kvcache.pool import BlockPool
+from relaykv.kvcache.lookup import CachedKeys
 from relaykv.kvcache.request import CacheRequest
 
 
 def oracle_hit(
-    req: CacheRequest, rules: tuple[GroupRules, ...], pool: BlockPool, cap: int | None = None
+    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
 ) -> int:
     n = req.num_tokens
     alignment = rules[0].alignment
@@ -27,7 +27,7 @@ def oracle_hit(
     return 0
 
 
-def _group_holds(req: CacheRequest, rule: GroupRules, pool: BlockPool, r: int) -> bool:
+def _group_holds(req: CacheRequest, rule: GroupRules, pool: CachedKeys, r: int) -> bool:
     keys = req.keys(rule.index)
     gmap = pool.maps[rule.index]
     return all(i < len(keys) and keys[i] in gmap for i in rule.needed(r))

@@ -5,7 +5,9 @@ policy; then three follow-ups arrive, each prefilled on P and decoded on D: `res
 prompt), `extension` (the prompt plus new tokens) and `sibling` (a shared prefix, then different
 tokens, same length). A colocated engine serves the same sequence for comparison. Every request
 goes through the real `KVCacheManager` exactly as the engine drives it; only the model compute is
-absent (no KV bytes exist, so "transfers" complete instantly).
+absent (no KV bytes exist, so "transfers" complete instantly). With `--tier-blocks N` a
+colocated engine with a KV tier of N blocks serves the follow-ups after its device pool let
+every block go: what a lookup would hit from a tier of that size (docs/tier.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from relaykv.kvcache.invariants import assert_consistent
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pd_config import PDPolicy
 from relaykv.kvcache.request import CacheRequest, CacheRole
+from relaykv.kvcache.tier import InstantTier
 
 FOLLOW_UPS = ("resend", "extension", "sibling")
 
@@ -91,7 +94,8 @@ def _engine_pair(
     return _Engine(manager(), "P"), _Engine(manager(), "D")
 
 
-def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
+def pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
+    """Blocks per engine pool, for both probe engines (relaykv's and vLLM's)."""
     longest = len(prompts.extension) + geometry.alignment
     per_request = sum(rule.blocks_for(longest) for rule in rules_for(geometry))
     return 8 * per_request + 16  # never evicts: the probe measures reuse, not capacity
@@ -99,7 +103,7 @@ def _pool_blocks(geometry: Geometry, prompts: ProbePrompts) -> int:
 
 def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -> dict[str, int]:
     engine = _Engine(
-        KVCacheManager(geometry, _pool_blocks(geometry, prompts), retention=retention), "C"
+        KVCacheManager(geometry, pool_blocks(geometry, prompts), retention=retention), "C"
     )
     req, _ = engine.prefill(prompts.first, CacheRole.COLOCATED)
     engine.decode_one(req)
@@ -113,7 +117,7 @@ def probe_colocated(geometry: Geometry, retention: str, prompts: ProbePrompts) -
 def probe_decode(
     geometry: Geometry, policy: PDPolicy, retention: str, prompts: ProbePrompts
 ) -> dict[str, dict[str, int | list[int]]]:
-    p, d = _engine_pair(geometry, policy, retention, _pool_blocks(geometry, prompts))
+    p, d = _engine_pair(geometry, policy, retention, pool_blocks(geometry, prompts))
     out: dict[str, dict[str, int | list[int]]] = {}
     for name in ("first_load", *FOLLOW_UPS):
         prompt = prompts.first if name == "first_load" else getattr(prompts, name)
@@ -135,6 +139,42 @@ def probe_decode(
     return out
 
 
+def probe_tier(
+    geometry: Geometry, retention: str, prompts: ProbePrompts, tier_blocks: int
+) -> dict[str, dict[str, int]]:
+    """A colocated engine with a KV tier of `tier_blocks` blocks (docs/tier.md): after each
+    request its device pool is flushed (every cached block let go), so the follow-ups hit
+    only what the tier kept. Per follow-up: the hit and the tokens the tier added."""
+    manager = KVCacheManager(
+        geometry,
+        pool_blocks(geometry, prompts),
+        retention=retention,
+        tier=InstantTier(tier_blocks),
+    )
+    engine = _Engine(manager, "T")
+
+    def settle() -> None:
+        assert manager.tier_poll() == []  # only stores are in flight between requests
+        assert manager.pool.reset()  # the pool lets every cached block go
+
+    req, _ = engine.prefill(prompts.first, CacheRole.COLOCATED)
+    engine.decode_one(req)
+    settle()
+    out: dict[str, dict[str, int]] = {}
+    for name in FOLLOW_UPS:
+        req = engine.open(getattr(prompts, name), CacheRole.COLOCATED)
+        admission = manager.admit(req, req.num_tokens)
+        if admission is None:
+            raise RuntimeError("T: pool too small for the probe")
+        if admission.loads_from_tier:
+            assert [ok for _, ok in manager.tier_poll()] == [True]
+        out[name] = {"hit": admission.start, "from_tier": admission.from_tier}
+        engine.compute(req, req.num_tokens)
+        engine.decode_one(req)
+        settle()
+    return out
+
+
 def run_probe(
     geometry: Geometry,
     policy: PDPolicy | str,
@@ -144,12 +184,38 @@ def run_probe(
     extension_len: int = 48,
     sibling_diverge: int = 24,
     seed: int = 0,
+    tier_blocks: int | None = None,
 ) -> dict[str, object]:
+    """`tier_blocks`: also probe a colocated engine with a KV tier of that many blocks."""
     prompts = ProbePrompts.make(prompt_len, extension_len, sibling_diverge, seed)
+    out = probe_result(
+        geometry,
+        policy,
+        prompt_len,
+        probe_colocated(geometry, retention, prompts),
+        probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
+    )
+    if tier_blocks is not None:
+        out["tier"] = {
+            "tier_blocks": tier_blocks,
+            **probe_tier(geometry, retention, prompts, tier_blocks),
+        }
+    return out
+
+
+def probe_result(
+    geometry: Geometry,
+    policy: PDPolicy | str,
+    prompt_len: int,
+    colocated: dict[str, int],
+    decode: dict[str, dict[str, int | list[int]]],
+) -> dict[str, object]:
+    """The probe's JSON record, whichever engine ran it (relaykv's, or vLLM's through the
+    plugin: `relaykv.vllm.probe`)."""
     return {
         "prompt_len": prompt_len,
         "alignment": geometry.alignment,
         "pd_policy": policy,
-        "colocated": probe_colocated(geometry, retention, prompts),
-        "decode": probe_decode(geometry, PDPolicy.parse(policy), retention, prompts),
+        "colocated": colocated,
+        "decode": decode,
     }

@@ -1,7 +1,7 @@
 """`relaykv distill-draft`: train an EAGLE draft for a model on its own greedy text.
 
     relaykv distill-draft --model gemma3-270m --out drafts/gemma
-    relaykv distill-draft --model tiny-hybrid --out /tmp/tiny --token-budget 50000
+    relaykv distill-draft --model tiny-hybrid --out drafts/tiny --token-budget 50000
 
 Three resumable stages, each with a progress bar: the corpus (the target generates it in
 batched dense forwards, tested against the engine; one file per shard under OUT/data),

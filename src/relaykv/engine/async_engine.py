@@ -134,11 +134,14 @@ class AsyncEngine:
                         self._wake.wait(0.001)
                         self._wake.clear()
                 else:
-                    if self.engine.connector is not None:
-                        # Held prefill blocks are released (read done, lease expired) even
-                        # when no request is running here.
+                    polls = (
+                        self.engine.connector is not None or self.engine.manager.tier is not None
+                    )
+                    if polls:
+                        # Held prefill blocks are released (read done, lease expired) and
+                        # finished tier stores applied even when no request is running here.
                         self.engine.scheduler.settle_transfers()
-                    self._wake.wait(self.idle_wait if self.engine.connector is None else 0.005)
+                    self._wake.wait(0.005 if polls else self.idle_wait)
                     self._wake.clear()
         except BaseException as exc:  # the engine is unusable: fail everyone, loudly
             log.exception("engine thread died")

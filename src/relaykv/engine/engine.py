@@ -28,6 +28,7 @@ from relaykv.kvcache import (
     Role,
     parse_retention,
 )
+from relaykv.kvcache.tier import TierBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class EngineConfig:
     # The startup sizing (built and checked once, by whoever sized the pool); None: the
     # cache manager builds it from the fields above.
     sizing: CacheSizing | None = None
+    # Checkpoint interval of a KV tier (docs/tier.md); None: the retention interval or A.
+    kv_offloading_interval: int | None = None
 
 
 class LLMEngine:
@@ -55,7 +58,10 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         vocab_size: int | None = None,
         connector: KVConnector | None = None,
+        tier: TierBackend | None = None,
     ) -> None:
+        """`tier`: a KV tier below the pool (docs/tier.md), built over this executor's KV
+        pages (`executor.kv_buffer`)."""
         self.role = Role.parse(config.role)
         self.executor = executor
         self.config = config
@@ -75,6 +81,8 @@ class LLMEngine:
             pd_role=self.role.in_pd_pair,
             sizing=config.sizing,
             sibling_reach=config.sibling_reach,
+            tier=tier,
+            tier_interval=config.kv_offloading_interval,
         )
         self.metrics = EngineMetrics(config.scheduler.max_model_len)
         self.scheduler = Scheduler(
@@ -298,7 +306,8 @@ class LLMEngine:
     def fail_all(self, error: str) -> list[RequestOutput]:
         """End every unfinished request with `error` (after a failed step); frees blocks."""
         sched = self.scheduler
-        for req in [*sched.running, *sched.waiting, *sched.loading.values()]:
+        queues = [*sched.running, *sched.waiting, *sched.loading.values()]
+        for req in [*queues, *sched.tier_loading.values()]:
             sched.finish(req, FinishReason.ERROR, error)
             sched.finished_now.append(req)
         now = time.monotonic()

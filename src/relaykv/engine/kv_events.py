@@ -10,6 +10,13 @@ the last `buffer_steps` batches for the replay ROUTER socket, which answers a re
 exactly as vLLM's `ZmqEventPublisher` does. The records and frames are the floor's
 (`relaykv.common.messages.kv_events`), which the router decodes with.
 
+Who can read it (docs/security.md, "Listeners"): an `ipc://` socket only processes that can
+enter its directory (`relaykv up` puts it in its private 0700 runtime directory); a loopback
+tcp socket every local user (vLLM's plain wire, for vLLM's consumers); a stream with an
+endpoint off the host (`KVEventsConfig.curve`) only the cluster: both sockets are CURVE
+servers with keys derived from the cluster secret, and a ZAP handler admits only the
+cluster's subscriber key (`relaykv.common.plumbing.derived_keys`).
+
 Ordering and loss: events are numbered in the order the pool emitted them; nothing is dropped
 before it is numbered (when `max_queue_size` events wait, the engine thread waits), so a gap
 in sequence numbers can only come from the PUB socket's high-water mark or the network, and
@@ -41,6 +48,7 @@ from relaykv.common.messages.kv_events import (
     frame_seq,
     seq_frame,
 )
+from relaykv.common.plumbing.derived_keys import ClusterOnlyZap, CurveKeys
 from relaykv.engine.kv_events_config import KVEventsConfig, binds, loopback_default
 from relaykv.kvcache import Geometry, KVEvent
 
@@ -70,21 +78,32 @@ def wire_event(event: KVEvent, geometry: Geometry) -> WireEvent:
             token_ids=list(event.token_ids),
             block_size=geometry.groups[event.group].block_size,
             lora_id=None,
-            medium=MEDIUM_GPU,
+            medium=event.medium or MEDIUM_GPU,
             lora_name=None,
             group_idx=event.group,
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
         )
     if event.kind == "removed":
-        return BlockRemoved(block_hashes=list(event.keys), medium=MEDIUM_GPU, group_idx=event.group)
+        return BlockRemoved(
+            block_hashes=list(event.keys), medium=event.medium or MEDIUM_GPU, group_idx=event.group
+        )
     return AllBlocksCleared()
 
 
 class ZmqEventPublisher:
     """PUB + replay ROUTER publisher with an in-memory replay buffer (see module docstring)."""
 
-    def __init__(self, config: KVEventsConfig, geometry: Geometry, dp_rank: int = 0) -> None:
+    def __init__(
+        self,
+        config: KVEventsConfig,
+        geometry: Geometry,
+        dp_rank: int = 0,
+        secret: bytes | None = None,
+    ) -> None:
+        """`secret`: the cluster secret, required when the config has an off-host endpoint."""
+        if config.curve and secret is None:
+            raise ValueError("KV events on an address off this host need the cluster secret")
         self.config = config
         self.geometry = geometry
         self.dp_rank = dp_rank
@@ -95,19 +114,27 @@ class ZmqEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode()
         self._ctx = zmq.Context()
+        self._keys = CurveKeys.from_secret(secret) if config.curve and secret else None
+        self._zap = ClusterOnlyZap(self._ctx, self._keys) if self._keys else None
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, config.hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
+        self._secure(self._pub)
         self.endpoint = self._open(self._pub, config.endpoint)
         self._replay: zmq.Socket[bytes] | None = None
         self.replay_endpoint: str | None = None
         if config.replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._secure(self._replay)
             self.replay_endpoint = self._open(self._replay, config.replay_endpoint, bind=True)
         self._running = True
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kv-events")
         self._thread.start()
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        if self._keys is not None:
+            self._keys.serve(sock)
 
     @staticmethod
     def _open(sock: zmq.Socket[bytes], endpoint: str, bind: bool | None = None) -> str:
@@ -184,6 +211,7 @@ class ZmqEventPublisher:
             "replay_endpoint": self.replay_endpoint,
             "topic": self.config.topic,
             "published": self.published,
+            "curve": self._keys is not None,  # subscribe with the cluster's CURVE keys
         }
 
     def shutdown(self, timeout: float = 2.0) -> None:
@@ -199,4 +227,6 @@ class ZmqEventPublisher:
         self._pub.close(0)
         if self._replay is not None:
             self._replay.close(0)
+        if self._zap is not None:
+            self._zap.stop()
         self._ctx.term()

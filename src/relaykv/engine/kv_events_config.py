@@ -6,8 +6,11 @@ are enabled, else "null"), `endpoint` ("tcp://*:5557"), `replay_endpoint` (None)
 events waiting to be published), `topic` (""). Unknown keys and wrong types are refused,
 naming the flag and the key.
 
-One deliberate difference: a `*` host in a tcp endpoint binds 127.0.0.1, not every interface
+Two deliberate differences: a `*` host in a tcp endpoint binds 127.0.0.1, not every interface
 (docs/kv-events.md "Binding"); name an address (`tcp://0.0.0.0:5557`) to listen elsewhere.
+And a tcp endpoint on any address but loopback (`off_host`) is a CURVE server whose keys
+derive from the cluster secret (docs/kv-events.md "Off the host: CURVE"): both sockets then
+use CURVE, and the engine refuses to start without the secret.
 As in vLLM, an endpoint with `*` (host or port), `::`, `0.0.0.0`, `ipc://` or `inproc://` is
 bound; any other is connected to (a subscriber that binds).
 """
@@ -43,6 +46,11 @@ class KVEventsConfig:
     @property
     def active(self) -> bool:
         return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @property
+    def curve(self) -> bool:
+        """Whether the stream needs CURVE: an endpoint is reachable off the host."""
+        return any(off_host(e) for e in (self.endpoint, self.replay_endpoint) if e)
 
 
 _INTS = ("buffer_steps", "hwm", "max_queue_size")
@@ -113,3 +121,15 @@ def loopback_default(endpoint: str) -> str:
     if endpoint.startswith("tcp://*:"):
         return "tcp://127.0.0.1:" + endpoint.removeprefix("tcp://*:")
     return endpoint
+
+
+_LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+
+
+def off_host(endpoint: str) -> bool:
+    """A tcp endpoint another host could reach (bound or connected): not loopback, and not
+    `*`, which binds loopback here."""
+    if not endpoint.startswith("tcp://"):
+        return False  # ipc (a file in a directory the kernel guards) and inproc
+    host = loopback_default(endpoint).removeprefix("tcp://").rpartition(":")[0]
+    return not (host.startswith("127.") or host in _LOOPBACK_HOSTS)

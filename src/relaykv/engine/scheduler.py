@@ -89,6 +89,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # KV on its way: blocks held, no running slot
         self.ready: deque[Request] = deque()  # KV arrived: blocks held, waiting for a slot
+        # A hit being loaded from the KV tier (docs/tier.md): blocks held, no running slot.
+        self.tier_loading: dict[str, Request] = {}
         self.finished_now: list[Request] = []  # finished outside a step (aborts, failures)
         self.num_preemptions = 0
 
@@ -104,10 +106,17 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.loading) + len(self.ready)
+        return (
+            len(self.waiting)
+            + len(self.running)
+            + len(self.loading)
+            + len(self.ready)
+            + len(self.tier_loading)
+        )
 
     def abort(self, request_id: str) -> Request | None:
-        for req in [*self.running, *self.waiting, *self.loading.values(), *self.ready]:
+        queues = [*self.running, *self.waiting, *self.loading.values(), *self.ready]
+        for req in [*queues, *self.tier_loading.values()]:
             if req.request_id == request_id:
                 self.finish(req, FinishReason.ABORT)
                 return req
@@ -121,6 +130,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.request_id in self.loading:
             del self.loading[req.request_id]
+        elif req.request_id in self.tier_loading:
+            del self.tier_loading[req.request_id]  # the cache releases it when the load ends
         elif req in self.ready:
             self.ready.remove(req)
         elif req in self.waiting:
@@ -200,6 +211,8 @@ class Scheduler:
             first = not req.admitted
             item = self._admit(req, min(budget, local_left) if cap is not None else budget)
             if item is None:
+                if req.request_id in self.tier_loading:
+                    continue  # its hit loads from the KV tier first: no slot, no budget yet
                 break
             scheduled.append(item)
             budget -= len(item.work.token_ids)
@@ -286,6 +299,11 @@ class Scheduler:
             req.num_cached_tokens = admission.start
         req.admitted = True
         self.waiting.remove(req)
+        if admission.loads_from_tier:
+            # Like a P/D load: it waits, holding its blocks, until `tier_poll` reports it.
+            req.state = RequestState.WAITING_FOR_REMOTE_KV
+            self.tier_loading[req.request_id] = req
+            return None
         req.state = RequestState.RUNNING
         self.running.append(req)
         return ScheduledSequence(req, self._work(req, admission.num_tokens, []))
@@ -326,6 +344,18 @@ class Scheduler:
         return True
 
     def settle_transfers(self) -> None:
+        for cache_req, ok in self.manager.tier_poll():
+            req = self.tier_loading.pop(cache_req.request_id, None)
+            if req is None:
+                continue
+            req.state = RequestState.WAITING
+            if ok:
+                self.ready.append(req)  # resumes at its hit once a running slot is free
+            else:
+                # The tier lost the blocks: admit it again (the tier forgot those keys).
+                req.num_computed_tokens = 0
+                req.admitted = False
+                self.waiting.appendleft(req)
         if self.connector is None:
             return
         waiting = [r for r in self.waiting if r.is_remote_prefill and not r.admitted]
@@ -374,6 +404,7 @@ class Scheduler:
             "running": self.running,
             "loading": self.loading.values(),
             "ready": self.ready,
+            "tier_loading": self.tier_loading.values(),
         }
         return scheduler_problems(
             queues, self.manager, self.config.max_num_seqs, self.config.max_num_loads

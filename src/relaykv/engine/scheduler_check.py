@@ -19,6 +19,7 @@ _STATES = {
     "running": RequestState.RUNNING,
     "loading": RequestState.WAITING_FOR_REMOTE_KV,
     "ready": RequestState.WAITING,
+    "tier_loading": RequestState.WAITING_FOR_REMOTE_KV,
 }
 
 

@@ -8,8 +8,11 @@ driver may do to a cache is written here, once, and everything else about the ma
 One request, in order (a call that returns None or False changed nothing):
 
     req = cache.add_request(id, prompt, salt, role)   # open: hashes the prompt
+    hit = cache.lookup(req)                           # optional: what admit would hit
+                                                      #   (receive_local_tokens: receive)
     # computed here (a colocated or prefill engine):
     adm = cache.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
+    ended = cache.tier_poll()                         # adm.loads_from_tier: wait for it here
     ok = cache.reserve(req, end, lookahead=k)         # before each later step; False: the
                                                       #   pool is full, preempt someone
     cache.commit(req, processed, new_tokens)          # after each step: hash, slide windows
@@ -49,10 +52,18 @@ from relaykv.kvcache.stats import CacheStats
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now."""
+    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now.
+
+    When `hit.tier` names blocks, the hit's `from_tier` tokens come from the KV tier: the
+    request waits until `tier_poll` reports its load (docs/tier.md), then runs."""
 
     hit: LocalHit
     num_tokens: int
+    from_tier: int = 0
+
+    @property
+    def loads_from_tier(self) -> bool:
+        return self.hit.num_tier_blocks > 0
 
     @property
     def start(self) -> int:
@@ -111,6 +122,16 @@ class CacheLifecycle(Protocol):
         now."""
         ...
 
+    def lookup(self, req: CacheRequest) -> LocalHit:
+        """The local hit `admit` would take for `req` now (§5); changes no block. For a
+        driver whose scheduler asks before it allocates (vLLM's, `relaykv.vllm`)."""
+        ...
+
+    def receive_local_tokens(self, req: CacheRequest) -> int:
+        """The local tokens `receive` would reuse for `req` now (§7,
+        `KVLoad.local_tokens`); changes no block."""
+        ...
+
     def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
         """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False:
         the pool is short (the caller preempts and retries)."""
@@ -137,6 +158,12 @@ class CacheLifecycle(Protocol):
 
     def load_finished(self, load: KVLoad, ok: bool) -> list[KVLoad]:
         """The transport ended `load`'s own transfer; returns the loads delivered now."""
+        ...
+
+    def tier_poll(self) -> list[tuple[CacheRequest, bool]]:
+        """Apply the KV tier's finished jobs; the requests whose tier load ended, with
+        success (loaded: resume at the admission's hit; failed: admit again). Empty without
+        a tier (docs/tier.md)."""
         ...
 
     def release(self, req: CacheRequest) -> None:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from itertools import compress
-from operator import itemgetter
-from typing import Any, TypeVar, cast
+from itertools import repeat
 
 import numpy as np
 
@@ -37,10 +35,6 @@ from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
 from relaykv.kvcache.request import CacheRequest, KVLoad, LoadState
 from relaykv.kvcache.retention import Retention
 from relaykv.kvcache.stats import CacheStats
-
-# (index, block id) -> block id: None (or another falsy probe) for a miss.
-_BLOCK: Callable[[tuple[int, Any]], Any] = itemgetter(1)
-T = TypeVar("T")
 
 Publishing = Callable[[CacheRequest, int], AbstractContextManager[object]]
 
@@ -77,18 +71,8 @@ class DecodeLoads:
         `per-group` (blocks are reused one by one by hash).
         """
         pool = self.pool
-        n = req.num_prompt_tokens
-        junction = 0
-        if hit is not None:
-            junction = hit.junction
-            local = [
-                {k: blocks[k] for k in plan.held[g] if k < len(blocks) and blocks[k] != NULL_BLOCK}
-                for g, blocks in enumerate(hit.blocks)
-            ]
-            local_tokens = hit.tokens
-        else:
-            local = [self._reusable(req, rule, plan.held[rule.index]) for rule in self.rules]
-            local_tokens = self._tokens_local_everywhere(local, n)
+        junction = hit.junction if hit is not None else 0
+        local, local_tokens = self.local_reuse(req, plan, hit)
 
         attached: list[dict[int, int]] = []
         wanted: list[list[int]] = []
@@ -145,11 +129,27 @@ class DecodeLoads:
             self._deliver(load)
         return load
 
+    def local_reuse(
+        self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None
+    ) -> tuple[list[dict[int, int]], int]:
+        """Per group the held blocks D reuses from its own cache (index -> block), and the
+        prompt tokens that counts as local: the common hit under a common-resume policy
+        (`hit`), else each block by key (`per-group`). Reads the cache, changes nothing."""
+        if hit is not None:
+            local = [
+                {k: blocks[k] for k in plan.held[g] if k < len(blocks) and blocks[k] != NULL_BLOCK}
+                for g, blocks in enumerate(hit.blocks)
+            ]
+            return local, hit.tokens
+        local = [self._reusable(req, rule, plan.held[rule.index]) for rule in self.rules]
+        return local, self._tokens_local_everywhere(local, req.num_prompt_tokens)
+
     def _reusable(self, req: CacheRequest, rule: GroupRules, held: range) -> dict[int, int]:
         return reusable_blocks(req, rule, self.pool.maps[rule.index], held)
 
     def _tokens_local_everywhere(self, local: list[dict[int, int]], n: int) -> int:
-        return tokens_local_everywhere(self.rules, self.hash_unit, local, n)
+        indices = [np.fromiter(blocks, dtype=np.int64, count=len(blocks)) for blocks in local]
+        return tokens_local_in(self.rules, self.hash_unit, indices, n)
 
     def _record(self, load: KVLoad) -> None:
         stats = self.stats
@@ -258,65 +258,34 @@ class DecodeLoads:
 def reusable_blocks(
     req: CacheRequest, rule: GroupRules, gmap: Mapping[bytes, int], held: range
 ) -> dict[int, int]:
-    """Per-group reuse: each held block cached in `gmap` by key (§7 `per-group`); also how a
-    router scores a decode engine.
+    """Per-group reuse: each held block cached in `gmap` by key (§7 `per-group`), as
+    index -> block id (`reused_indices` on `held_probes`)."""
+    found, start, stop = held_probes(req, rule, gmap, held)
+    return {int(k): int(found[k - start]) for k in reused_indices(found, start, stop, rule.peek)}
 
-    In a draft group under the EAGLE drop a block's draft KV depends on the token after
-    it, so it is reused only when the next block is held too (the peek, per block).
-    """
+
+def held_probes(
+    req: CacheRequest, rule: GroupRules, gmap: Mapping[bytes, int], held: range
+) -> tuple[np.ndarray, int, int]:
+    """`(found, start, stop)` for `reused_indices`: what `gmap` holds for each block of
+    `held` the prompt has (0: nothing), with one probe past `stop` under the peek."""
     keys = req.keys(rule.index)
     start, stop = held.start, min(held.stop, len(keys))
     if start >= stop:
-        return {}
-    # Every step runs in C (a router scores decode engines with this): one probe per block,
-    # and under the peek one past the end (block k is proven by block k+1 being held).
-    found = list(map(gmap.get, keys[start : stop + 1 if rule.peek else stop]))
-    return cast(dict[int, int], reused_blocks(found, start, stop, rule.peek))
-
-
-def reused_blocks(found: Sequence[T], start: int, stop: int, peek: int) -> dict[int, T]:
-    """The reuse rule of `reusable_blocks` on its probes: `found[i]` is what the cache holds
-    for block `start + i` (falsy: nothing), with one probe past `stop` under the peek where
-    the prompt has that block. A router that knows which engines hold a key (one bitmask
-    per key, `relaykv.router.holders`) gives each engine's probes without a second pass."""
-    # Block ids are never 0 (the null block is never cached), so only a miss is falsy.
-    if peek:
-        pairs = zip(range(start, stop), found, strict=False)  # found has one more
-        return dict(filter(_BLOCK, compress(pairs, found[1:])))
-    return dict(filter(_BLOCK, zip(range(start, stop), found, strict=True)))
-
-
-def tokens_local_everywhere(
-    rules: Sequence[GroupRules], unit: int, local: list[dict[int, int]], n: int
-) -> int:
-    """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
-    groups if none)."""
-    full = [r for r in rules if r.prefix_closed] or list(rules)
-    units = n // unit
-    if len(full) == 1:
-        # One group: block k covers units [k*ratio, (k+1)*ratio); count those below `units`.
-        ratio = full[0].block_size // unit
-        local_k = local[full[0].index]
-        if not local_k:
-            return 0
-        if (max(local_k) + 1) * ratio <= units:
-            return min(len(local_k) * ratio * unit, n - 1)
-        count = sum(min(ratio, units - k * ratio) for k in local_k if k * ratio < units)
-        return min(count * unit, n - 1)
-    count = 0
-    for j in range(units):
-        p = j * unit
-        if all(p // r.block_size in local[r.index] for r in full):
-            count += unit
-    return min(count, n - 1)
+        return np.zeros(0, dtype=np.int64), start, start
+    window = keys[start : stop + 1 if rule.peek else stop]
+    # One probe per block, driven from C (a router scores decode engines with this too).
+    found = np.fromiter(map(gmap.get, window, repeat(0)), dtype=np.int64, count=len(window))
+    return found, start, stop
 
 
 def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.ndarray:
-    """The block indices `reused_blocks` keeps, ascending, from probes given as an array
-    (nonzero: held; one past `stop` under the peek where the prompt has that block). A router
-    needs which blocks a decode engine reuses, not their ids: this skips building the dict
-    (docs/routing.md "Cost"); `tests/kvcache/test_reuse_arrays.py` checks it against
-    `reused_blocks`."""
+    """The decode-side reuse rule: the block indices in `[start, stop)` reused, ascending.
+    `found[i]` is what the cache holds for block `start + i` (nonzero: held), with one probe
+    past `stop` under the peek where the prompt has that block: in a draft group under the
+    EAGLE drop a block's draft KV depends on the token after it, so it is reused only when
+    the next block is held too. Probes come from an engine's map (`held_probes`) or, in a
+    router, from its holders bitmask (`relaykv.router.holders`, docs/routing.md "Cost")."""
     n = max(0, stop - start)
     held = np.asarray(found[:n]) != 0
     if peek:
@@ -330,9 +299,9 @@ def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.nd
 def tokens_local_in(
     rules: Sequence[GroupRules], unit: int, local: Sequence[np.ndarray], n: int
 ) -> int:
-    """`tokens_local_everywhere` on each group's reused block indices as an array
-    (`reused_indices`): unit j counts when every full group reuses the block holding token
-    j*unit (the definition, vectorised)."""
+    """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
+    groups if none), from each group's reused block indices (`reused_indices`): hash unit j
+    counts when every such group reuses the block holding token j*unit; at most n - 1."""
     full = [r for r in rules if r.prefix_closed] or list(rules)
     units = n // unit
     if units <= 0:

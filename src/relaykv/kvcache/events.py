@@ -36,6 +36,11 @@ class KVEventSource:
         """Name the request whose blocks (from `lowest_index` on) the pool is about to key."""
         return _Publishing(self, req, lowest_index)
 
+    def emit(self, event: KVEvent) -> None:
+        """Send an event that is not the pool's (the KV tier's) to the sink, if any."""
+        if self._sink is not None:
+            self._sink(event)
+
     def _emit(self, event: KVEvent) -> None:
         current = self._current
         if event.kind == "stored" and current is not None:

@@ -9,6 +9,7 @@ sizes, the hit alignment A) and `hash_unit` (gcd, u) follow from it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -148,6 +149,64 @@ class Geometry:
         parts = ", ".join(f"g{i}={g.describe()}" for i, g in enumerate(self.groups))
         eagle = f"eagle={self.eagle_reuse}" if self.eagle else "eagle=off"
         return f"{parts}; A={self.alignment}, u={self.hash_unit}, {eagle}"
+
+
+# What lets two layers share a group: (kind, window, KV heads, head dim).
+GroupKey = tuple[str, int | None, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """One group of a model's layers: their key, the target layers it holds (by index, in
+    order) and whether the EAGLE draft layer joins it as its last layer."""
+
+    key: GroupKey
+    layers: tuple[int, ...]
+    draft: bool = False
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers) + self.draft
+
+
+def group_layers(
+    layer_keys: Sequence[GroupKey], draft_key: GroupKey | None = None
+) -> tuple[LayerGroup, ...]:
+    """A model's layers -> its KV groups (the model's layout and the simulator both use this).
+
+    * layers with the same key share a group; full groups come first, then the other kinds
+      in the order their first layer appears;
+    * the EAGLE draft layer joins the first group of its own key as that group's last layer;
+      with no target layer of its key (a full draft on Mistral) it gets a group of its own;
+    * page balancing (as vLLM does): every block of the one pool is as large as the largest
+      group's page, so a kind with many more layers than another (Gemma-3: 15 sliding,
+      3 full) would waste most of each small-group block. A kind is split into
+      `cdiv(layers, per_group)` interleaved groups (its i-th layer goes to group i % n),
+      `per_group` being the smallest kind's layer count, or the largest kind's when that
+      is under 1.5x the smallest (splitting would only add groups).
+    """
+    kinds = list(dict.fromkeys([*layer_keys, *([draft_key] if draft_key else [])]))
+    ordered = [k for k in kinds if k[0] == "full"] + [k for k in kinds if k[0] != "full"]
+    members: dict[GroupKey, list[int]] = {k: [] for k in ordered}
+    for layer, key in enumerate(layer_keys):
+        members[key].append(layer)
+    per_group = _layers_per_group([len(m) for m in members.values() if m])
+    groups: list[LayerGroup] = []
+    for key in ordered:
+        splits = max(1, cdiv(len(members[key]), per_group))
+        for i in range(splits):
+            draft = key == draft_key and i == 0
+            groups.append(LayerGroup(key, tuple(members[key][i::splits]), draft))
+    return tuple(groups)
+
+
+def _layers_per_group(counts: Sequence[int]) -> int:
+    """The page-balancing rule of `group_layers`: the most layers one group holds, given
+    each kind's layer count."""
+    if not counts:
+        return 1
+    smallest, largest = min(counts), max(counts)
+    return largest if largest < 1.5 * smallest else smallest
 
 
 def parse_groups(text: str) -> tuple[GroupSpec, ...]:

@@ -33,11 +33,14 @@ def check_manager(manager: KVCacheManager) -> list[str]:
                     problems.append(f"{req.request_id}: group {rule.index} has a hole")
             if len(set(b for b in table if b)) != sum(1 for b in table if b):
                 problems.append(f"{req.request_id}: group {rule.index} repeats a block")
+    if manager.tier is not None:
+        refs.update(manager.tier.held_blocks())  # device blocks in-flight stores hold
+        problems.extend(f"tier: {p}" for p in manager.tier.index.check(manager.tier.plan))
     for block in range(1, pool.num_blocks):
         if pool.ref_cnt[block] != refs.get(block, 0):
             problems.append(
                 f"block {block}: ref_cnt {pool.ref_cnt[block]}, "
-                f"but {refs.get(block, 0)} table entries"
+                f"but {refs.get(block, 0)} table entries and tier stores"
             )
     for load in manager.loads.active.values():
         for items in load.receive:

@@ -13,7 +13,7 @@ this on random inputs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from relaykv.kvcache.groups import GroupRules
@@ -33,13 +33,21 @@ class LocalHit:
     """A local prefix hit: resume at `tokens`, with the blocks each group reuses.
 
     `blocks[g]` has one entry per block index below `tokens // b_g`; null entries sit below a
-    sliding window. `junction` is the longest shared prefix the full groups proved (aligned,
-    EAGLE rules applied) when it exceeds the hit: the windows there are worth keeping (§6).
+    sliding window (and where `tier` names a block to load). `junction` is the longest shared
+    prefix the full groups proved (aligned, EAGLE rules applied) when it exceeds the hit: the
+    windows there are worth keeping (§6).
     """
 
     tokens: int
     blocks: list[list[int]]
     junction: int = 0
+    # Per group, `(block index, tier slot)` of blocks the hit loads from the KV tier (their
+    # `blocks` entries are nulls until allocated; docs/tier.md). Empty without a tier.
+    tier: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    @property
+    def num_tier_blocks(self) -> int:
+        return sum(len(loads) for loads in self.tier)
 
     @property
     def num_blocks(self) -> int:
@@ -50,7 +58,7 @@ def find_longest_hit(
     req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
 ) -> LocalHit:
     """The exact local hit of `req` against `pool` (§5). `cap` defaults to N-1."""
-    candidate, proven_shared, cap = _resume_point(req, rules, pool, cap)
+    candidate, proven_shared, cap = resume_point(req, rules, pool, cap)
     keys = [req.keys(g) for g in range(len(rules))]
     maps = pool.maps
     blocks = []
@@ -61,13 +69,18 @@ def find_longest_hit(
         start = need.start if candidate > 0 else 0
         table = [NULL_BLOCK] * start + list(map(gmap.__getitem__, gkeys[start:count]))
         blocks.append(table)
+    return LocalHit(candidate, blocks, hit_junction(rules, candidate, proven_shared, cap))
 
-    junction = 0
-    if proven_shared is not None and proven_shared > candidate:
-        junction = junction_point(rules, proven_shared, cap)
-        if junction <= candidate:
-            junction = 0
-    return LocalHit(candidate, blocks, junction)
+
+def hit_junction(
+    rules: tuple[GroupRules, ...], candidate: int, proven_shared: int | None, cap: int
+) -> int:
+    """A hit's junction (`LocalHit.junction`): the junction point of what the full groups
+    proved shared, when it lies beyond the hit (0 otherwise)."""
+    if proven_shared is None or proven_shared <= candidate:
+        return 0
+    junction = junction_point(rules, proven_shared, cap)
+    return junction if junction > candidate else 0
 
 
 def longest_hit_tokens(
@@ -75,13 +88,14 @@ def longest_hit_tokens(
 ) -> int:
     """`find_longest_hit(...).tokens` without building the block tables: what a router
     scoring an engine's index needs (one probe per block fewer)."""
-    return _resume_point(req, rules, pool, cap)[0]
+    return resume_point(req, rules, pool, cap)[0]
 
 
-def _resume_point(
+def resume_point(
     req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None
 ) -> tuple[int, int | None, int]:
-    """(the exact resume point, tokens the full groups proved shared, the aligned cap)."""
+    """(the exact resume point, tokens the full groups proved shared, the aligned cap); the
+    tier's lookup (`tier/lookup.py`) runs it over pool + tier."""
     n = req.num_tokens
     cap = n - 1 if cap is None else min(cap, n - 1)
     alignment = rules[0].alignment

@@ -22,14 +22,18 @@ from relaykv.kvcache.decode_loads import DecodeLoads
 from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
-from relaykv.kvcache.lookup import LocalHit, find_longest_hit
+from relaykv.kvcache.lookup import LocalHit, find_longest_hit, longest_hit_tokens
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
 from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap, reach_blocks
-from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink
+from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
+from relaykv.kvcache.tier.backend import TierBackend
+from relaykv.kvcache.tier.lookup import find_tiered_hit
+from relaykv.kvcache.tier.offload import KVTier
+from relaykv.kvcache.tier.plan import parse_interval
 
 
 class KVCacheManager:
@@ -47,11 +51,14 @@ class KVCacheManager:
         on_event: EventSink | None = None,
         sizing: CacheSizing | None = None,
         sibling_reach: int = 0,
+        tier: TierBackend | None = None,
+        tier_interval: int | None = None,
     ) -> None:
         """`sizing`: the engine's `CacheSizing`, built and checked once at startup (then
         `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it; build it with
         the same `sibling_reach`). `sibling_reach`: the P/D plan's sibling reach in tokens
-        (`pd_plan`; both engines of a pair use the same)."""
+        (`pd_plan`; both engines of a pair use the same). `tier`: a KV tier below the pool
+        (docs/tier.md), checkpointed every `tier_interval` tokens."""
         if sibling_reach < 0:
             raise ValueError(f"sibling_reach must be >= 0 tokens, got {sibling_reach}")
         self.sibling_reach = sibling_reach
@@ -88,6 +95,19 @@ class KVCacheManager:
             geometry.hash_unit,
             self.events.publishing,
         )
+        self.tier: KVTier | None = None
+        self._abandoned: set[str] = set()  # released while their tier load flies
+        if tier is not None:
+            interval = parse_interval(tier_interval, geometry.alignment, self.retention)
+            medium = tier.medium
+            self.tier = KVTier(
+                self.rules,
+                tier,
+                interval,
+                lambda kind, group, keys: self.events.emit(
+                    KVEvent(kind, group, keys, medium=medium)
+                ),
+            )
 
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Send the pool's KV events to `sink` (docs/kv-events.md)."""
@@ -127,14 +147,19 @@ class KVCacheManager:
         that many tokens could fit under the per-request caps (§8). None changes nothing:
         the pool cannot hold it now. Records the hit in the stats (a re-admission after a
         preemption counts as such)."""
-        hit = self._lookup(req)
+        hit = self._lookup(req, tiered=True)
         n = min(req.num_tokens - hit.tokens, budget)
         extra = lookahead if hit.tokens + n == req.num_tokens else 0
         if not self._allocate(req, hit.tokens + n, hit=hit, lookahead=extra, must_fit=must_fit):
             return None
         readmitted = req.num_admissions > 0
         req.num_admissions += 1
-        self.stats.record_local(req.num_tokens, hit.tokens, preempted=readmitted)
+        from_tier = 0
+        if hit.num_tier_blocks:
+            assert self.tier is not None
+            self.tier.start_load(req, hit)
+            from_tier = hit.tokens - longest_hit_tokens(req, self.rules, self.pool, self._cap(req))
+        self.stats.record_local(req.num_tokens, hit.tokens, readmitted, from_tier)
         if not readmitted:
             # Per group, the prompt KV the hit reused (the relaykv:group_prefix_* counters,
             # §9): only real blocks count, not the nulls below a window.
@@ -142,7 +167,7 @@ class KVCacheManager:
                 b = rule.block_size
                 reused = sum(1 for block in hit.blocks[rule.index] if block) * b
                 self.stats.record_group_reuse(rule.index, reused, 0, rule.spec.page_bytes, b)
-        return Admission(hit, n)
+        return Admission(hit, n, from_tier)
 
     def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
         """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False
@@ -155,7 +180,35 @@ class KVCacheManager:
         if new_tokens:
             req.append_tokens(new_tokens)
         self._cache(req, processed)
+        if self.tier is not None and self.pool.enable_caching:
+            points = (*self._boundaries(req), req.junction)
+            self.tier.offload(req, processed, self.pool, points)
         self._free_skipped(req, processed)
+
+    def tier_poll(self) -> list[tuple[CacheRequest, bool]]:
+        """Apply the KV tier's finished jobs (docs/tier.md); returns the requests whose tier
+        load ended, with success. Loaded: the blocks are keyed and the request resumes at its
+        hit. Failed: its blocks are released (it stays open, like a preempted request) and
+        the tier forgets those keys, so its next admission computes them."""
+        if self.tier is None:
+            return []
+        ended: list[tuple[CacheRequest, bool]] = []
+        for req, job, ok in self.tier.poll(self.pool):
+            if req.request_id in self._abandoned:
+                self._abandoned.discard(req.request_id)
+                self._release(req)
+                continue
+            if ok:
+                by_group: dict[int, list[tuple[int, bytes]]] = {}
+                for c in job.copies:
+                    by_group.setdefault(c.group, []).append((c.block, c.key))
+                with self.events.publishing(req, 0):
+                    for group, pairs in by_group.items():
+                        self.pool.cache_blocks(group, pairs)
+            else:
+                self._release(req, forget=False)
+            ended.append((req, ok))
+        return ended
 
     def receive(self, req: CacheRequest) -> KVLoad | None:
         """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
@@ -191,16 +244,31 @@ class KVCacheManager:
         its own transfer is in flight (`load_finished` completes it)."""
         if self.loads.defer_release(req):
             return
+        if self.tier is not None and req.request_id in self.tier.loading:
+            self._abandoned.add(req.request_id)  # `tier_poll` releases it when the load ends
+            return
         self._release(req)
 
     def preempt(self, req: CacheRequest) -> None:
         """Release a running request's blocks for recompute; it stays registered, with its
         tokens and hashes, so re-admission starts with a lookup of its own prefix."""
-        if req.load is not None:
+        if req.load is not None or (self.tier is not None and req.request_id in self.tier.loading):
             raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
         self._release(req, forget=False)
 
     # -- observing the cache ----------------------------------------------------------------
+    def lookup(self, req: CacheRequest) -> LocalHit:
+        """The local hit `admit` would take for `req` now (§5); changes no block. For a
+        driver whose scheduler asks before it allocates (the vLLM plugin)."""
+        return self._lookup(req)
+
+    def receive_local_tokens(self, req: CacheRequest) -> int:
+        """The local tokens `receive` would reuse for `req` now (§7, `KVLoad.local_tokens`);
+        changes no block."""
+        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        hit = self._lookup(req) if plan.common_resume else None
+        return self.loads.local_reuse(req, plan, hit)[1]
+
     def usage(self) -> float:
         """The fraction of the pool's usable blocks held by requests."""
         return self.pool.usage()
@@ -213,24 +281,35 @@ class KVCacheManager:
         return check_manager(self)
 
     # -- lookup and allocation (private: drivers use the lifecycle) --------------------
-    def _lookup(self, req: CacheRequest) -> LocalHit:
-        """The exact local hit of a request that holds no blocks yet (§5)."""
+    def _lookup(self, req: CacheRequest, tiered: bool = False) -> LocalHit:
+        """The exact local hit of a request that holds no blocks yet (§5); `tiered`: over
+        the pool and the tier (docs/tier.md), with the blocks to load in `hit.tier`."""
         if not self.pool.enable_caching:
             return LocalHit(0, [[] for _ in self.rules])
-        cap = req.num_tokens - 1
-        if req.role is CacheRole.PREFILL:
-            if self.sibling_reach:
-                # The sibling reach's extra window blocks, when P still has them cached, are
-                # attached rather than recomputed (`_attach_reach`); else the reach caps the hit.
-                plain = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
-                hit = self._attach_reach(req, find_longest_hit(req, self.rules, self.pool, plain))
-                if hit is not None:
-                    req.junction = hit.junction
-                    return hit
-            cap = min(cap, self._prefill_hit_cap(req))
-        hit = find_longest_hit(req, self.rules, self.pool, cap)
+        if req.role is CacheRole.PREFILL and self.sibling_reach:
+            # The sibling reach's extra window blocks, when P still has them cached, are
+            # attached rather than recomputed (`_attach_reach`); else the reach caps the hit.
+            plain = min(
+                req.num_tokens - 1, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+            )
+            reached = self._attach_reach(req, find_longest_hit(req, self.rules, self.pool, plain))
+            if reached is not None:
+                req.junction = reached.junction
+                return reached
+        cap = self._cap(req)
+        if tiered and self.tier is not None:
+            hit = find_tiered_hit(req, self.rules, self.pool, self.tier.index, cap)
+        else:
+            hit = find_longest_hit(req, self.rules, self.pool, cap)
         req.junction = hit.junction
         return hit
+
+    def _cap(self, req: CacheRequest) -> int:
+        """The largest resume point a lookup of `req` may return."""
+        cap = req.num_tokens - 1
+        if req.role is CacheRole.PREFILL:
+            cap = min(cap, self._prefill_hit_cap(req))
+        return cap
 
     def _attach_reach(self, req: CacheRequest, hit: LocalHit) -> LocalHit | None:
         """`hit` with the blocks the P/D plan holds below its windows (the sibling reach)
@@ -269,6 +348,8 @@ class KVCacheManager:
                 hit_blocks = hit.blocks[rule.index]
                 have = len(hit_blocks)
                 needed += sum(1 for b in hit_blocks if b and self.pool.ref_cnt[b] == 0)
+                if hit.tier:
+                    needed += len(hit.tier[rule.index])  # fresh blocks the tier fills
             needed += max(0, cdiv(num_tokens, rule.block_size) - have)
         return needed
 
@@ -308,6 +389,12 @@ class KVCacheManager:
                 self.pool.touch(blocks)
                 req.tables[rule.index] = list(blocks)
                 req.num_cached_blocks[rule.index] = len(blocks)
+            # Blocks loaded from the tier: fresh (allocated once every group's hit blocks are
+            # taken, so none is evicted for them), keyed once the load is done.
+            for g, loads in enumerate(hit.tier):
+                table = req.tables[g]
+                for (i, _), block in zip(loads, self.pool.allocate(len(loads)), strict=True):
+                    table[i] = block
         for rule in self.rules:
             table = req.tables[rule.index]
             missing = cdiv(total, rule.block_size) - len(table)
@@ -378,6 +465,8 @@ class KVCacheManager:
         self.pool.free(blocks)
         if forget:
             self.requests.pop(req.request_id, None)
+            if self.tier is not None:
+                self.tier.forget(req)
 
     # -- prefill side of P/D ---------------------------------------------------------------
     def hold_for_transfer(self, req: CacheRequest) -> list[list[tuple[int, int]]]:

@@ -41,6 +41,8 @@ class KVEvent:
     The pool fills kind, group, keys and block ids; the cache manager adds, for `stored`
     events of a request's blocks, the key of the block before the first one (`parent`) and
     the tokens the stored blocks cover (`token_ids`), which KV event consumers expect.
+    `medium` is None for the device pool; a KV tier's events name it (vLLM's convention:
+    "CPU" for host memory; docs/tier.md).
     """
 
     kind: Literal["stored", "removed", "cleared"]
@@ -49,6 +51,7 @@ class KVEvent:
     block_ids: tuple[int, ...] = ()
     parent: bytes | None = None
     token_ids: tuple[int, ...] = ()
+    medium: str | None = None
 
 
 EventSink = Callable[[KVEvent], None]

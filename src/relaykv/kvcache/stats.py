@@ -50,15 +50,24 @@ class CacheStats:
             if not getattr(self, name):
                 setattr(self, name, [0] * self.num_groups)
 
-    def record_local(self, prompt_tokens: int, hit_tokens: int, preempted: bool = False) -> None:
-        """A request computed here after a local lookup of `hit_tokens`."""
+    def record_local(
+        self, prompt_tokens: int, hit_tokens: int, preempted: bool = False, from_tier: int = 0
+    ) -> None:
+        """A request computed here after a local lookup of `hit_tokens`, of which `from_tier`
+        the KV tier added (loaded: counted as external, as vLLM counts its offloading
+        connector's hits; docs/tier.md "Metrics")."""
         if preempted:
             self.preempted_queries += prompt_tokens
             self.preempted_hits += hit_tokens
             return
+        local = hit_tokens - from_tier
         self.prefix_cache_queries += prompt_tokens
-        self.prefix_cache_hits += hit_tokens
-        self.tokens_local_cache_hit += hit_tokens
+        self.prefix_cache_hits += local
+        if from_tier:
+            self.external_prefix_cache_queries += prompt_tokens - local
+            self.external_prefix_cache_hits += from_tier
+            self.tokens_external_kv_transfer += from_tier
+        self.tokens_local_cache_hit += local
         self.tokens_local_compute += prompt_tokens - hit_tokens
 
     def record_load(self, prompt_tokens: int, local_tokens: int) -> None:

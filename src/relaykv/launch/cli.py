@@ -1,7 +1,9 @@
 """`relaykv up`: a local P/D cluster (prefill, decode, router) on this machine, supervised.
 
-It generates the cluster's KV transfer secret (or takes `--kv-secret-file`) and hands it and
-the API key to every member through the environment, never argv (docs/security.md); restarts
+It makes a private runtime directory (mode 0700, removed at exit) for the cluster's KV
+transfer secret, which it generates there unless given `--kv-secret-file`, and for the
+engines' KV event sockets (`ipc://`, cluster.py); hands the secret and the API key to every
+member through the environment, never argv (docs/security.md, "Listeners"); restarts
 dead members (supervisor.py); and on SIGTERM drains in order (cluster.py).
 
 Engine flags not listed here (`--max-model-len`, `--kv-cache-memory`, `--num-blocks`,
@@ -100,28 +102,28 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except PrivateFileError as exc:
         parser.error(f"argument --api-key-file: {exc}")
-    secret_dir = None
     if args.kv_secret_file:
         try:
             load_kv_secret(args.kv_secret_file)
         except ValueError as exc:
             parser.error(f"argument --kv-secret-file: {exc}")
-        secret_file = args.kv_secret_file
-    else:
-        secret_dir = tempfile.mkdtemp(prefix="relaykv-up-secret-")
-        secret_file = str(new_kv_secret(Path(secret_dir) / "kv-secret"))
-    env = {KV_SECRET_ENV: str(Path(secret_file).resolve())}
-    if api_key:
-        env[API_KEY_ENV] = api_key  # members read it from the environment, not argv
+    run_dir = Path(tempfile.mkdtemp(prefix="relaykv-up-"))  # mode 0700
     try:
-        return _run_cluster(args, engine_extra, env, policy)
+        secret_file = args.kv_secret_file or str(new_kv_secret(run_dir / "kv-secret"))
+        env = {KV_SECRET_ENV: str(Path(secret_file).resolve())}
+        if api_key:
+            env[API_KEY_ENV] = api_key  # members read it from the environment, not argv
+        return _run_cluster(args, engine_extra, env, policy, run_dir)
     finally:
-        if secret_dir is not None:
-            shutil.rmtree(secret_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _run_cluster(
-    args: argparse.Namespace, engine_extra: list[str], env: dict[str, str], policy: RestartPolicy
+    args: argparse.Namespace,
+    engine_extra: list[str],
+    env: dict[str, str],
+    policy: RestartPolicy,
+    run_dir: Path,
 ) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
@@ -143,9 +145,13 @@ def _run_cluster(
                      str(args.conditional_max_queued_prefill)],
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
-        log_dir=Path(args.log_dir) if args.log_dir else None, env=env,
+        log_dir=Path(args.log_dir) if args.log_dir else None, env=env, run_dir=run_dir,
     )
-    cluster.plan()
+    try:
+        cluster.plan()
+    except ClusterError as exc:
+        print(f"[relaykv up] {exc}", file=sys.stderr, flush=True)
+        return 1
 
     def say(message: str) -> None:
         print(f"[relaykv up] {message}", file=sys.stderr, flush=True)

@@ -8,16 +8,18 @@ own port (supervisor.py restarts dead ones). `Cluster.stop` drains in order (doc
 "Stopping"): SIGTERM to the router, which stops taking requests and lets those in flight
 finish; once it has exited, the prefill engines; then the decode engines; SIGKILL only for a
 member that outlives its timeout. Secrets reach members through `env`, never their argv.
+
+With KV events on (cache-aware routing), each engine publishes them and serves their replay
+on `ipc://` sockets in the cluster's runtime directory (`run_dir`, mode 0700: the kernel
+lets no other uid reach them; docs/security.md, "Listeners"), never on a TCP port.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import signal
-import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,27 +30,9 @@ from pathlib import Path
 
 import httpx
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# Resolved before any fork: the child only calls it (no dynamic loading between fork and exec).
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+from relaykv.common.plumbing.child_process import ChildProcess, free_port
 
-
-def _die_with_parent() -> None:
-    """Run in the member between fork and exec: SIGTERM it (it drains and exits) when the
-    process that launched it dies, so a `relaykv up` killed by SIGKILL leaves no orphaned
-    engines holding ports, pools and shared memory (docs/security.md, "Faults and what
-    they cost").
-
-    The signal follows the launching *thread*; `relaykv up` launches and restarts members
-    from its main thread only."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+_MAX_IPC_PATH = 100  # sun_path holds 107 bytes and a NUL
 
 
 @dataclass(slots=True)
@@ -57,18 +41,19 @@ class Member:
     url: str
     argv: list[str]
     log_path: Path
-    process: subprocess.Popen | None = None
+    child: ChildProcess | None = None
     restarts: int = 0
 
     @property
     def role(self) -> str:
         return self.name.rstrip("0123456789")
 
+    @property
+    def process(self) -> subprocess.Popen[str] | None:
+        return None if self.child is None else self.child.proc
+
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return "(no log)" if self.child is None else self.child.log_tail(lines)
 
 
 class ClusterError(RuntimeError):
@@ -88,7 +73,9 @@ class Cluster:
     log_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment (secrets)
     kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
+    run_dir: Path | None = None  # private (0700) directory of the event sockets
     members: list[Member] = field(default_factory=list)
+    _own_run_dir: bool = False
 
     @property
     def router(self) -> Member:
@@ -104,6 +91,9 @@ class Cluster:
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="relaykv-up-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
+        if self.kv_events and self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix="relaykv-run-"))  # mode 0700
+            self._own_run_dir = True
         host = f"[{self.host}]" if ":" in self.host else self.host
         for role, count, extra in (
             ("prefill", self.num_prefill, self.prefill_args),
@@ -112,7 +102,8 @@ class Cluster:
             for i in range(count):
                 port = free_port(self.host)
                 argv = [*self._command(), "serve", "--role", role, "--host", self.host,
-                        "--port", str(port), *self.engine_args, *extra, *self._events_args()]
+                        "--port", str(port), *self.engine_args, *extra,
+                        *self._events_args(f"{role}{i}")]
                 self.members.append(Member(f"{role}{i}", f"http://{host}:{port}", argv,
                                            log_dir / f"{role}{i}.log"))
         port = self.router_port or free_port(self.host)
@@ -121,15 +112,22 @@ class Cluster:
                 "--decode", ",".join(self.urls("decode")), *self.router_args]
         self.members.append(Member("router", f"http://{host}:{port}", argv, log_dir / "router.log"))
 
-    def _events_args(self) -> list[str]:
+    def _events_args(self, name: str) -> list[str]:
+        """Events and replay on ipc sockets in the private runtime directory: the router is
+        on this host, and no other uid can enter the directory (a restarted engine binds
+        the same paths again)."""
         if not self.kv_events:
             return []
-        # `*` binds loopback in relaykv (docs/kv-events.md); an explicit host binds there.
-        host = "*" if self.host in ("127.0.0.1", "localhost") else self.host
+        assert self.run_dir is not None
+        sockets = [self.run_dir / f"{name}-{kind}" for kind in ("events", "replay")]
+        if any(len(str(path)) > _MAX_IPC_PATH for path in sockets):
+            raise ClusterError(
+                f"the runtime directory {self.run_dir} is too long a path for a unix socket "
+                f"(at most {_MAX_IPC_PATH} characters); set TMPDIR to a shorter directory"
+            )
         config = {
             "enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": f"tcp://{host}:{free_port(self.host)}",
-            "replay_endpoint": f"tcp://{host}:{free_port(self.host)}",
+            "endpoint": f"ipc://{sockets[0]}", "replay_endpoint": f"ipc://{sockets[1]}",
         }
         return ["--kv-events-config", json.dumps(config)]
 
@@ -167,13 +165,14 @@ class Cluster:
 
     def launch(self, member: Member) -> None:
         """Start `member` (again), appending to its log."""
+        # The parent-death signal follows the launching *thread*: `relaykv up` launches and
+        # restarts members from its main thread only (docs/security.md, "Faults and what
+        # they cost": a `relaykv up` killed by SIGKILL leaves no orphaned engines).
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        with member.log_path.open("ab") as log:
-            member.process = subprocess.Popen(
-                member.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,
-            )
+        member.child = ChildProcess(
+            member.argv, log_path=member.log_path, env=env, die_with_parent=True
+        )
+        member.child.start()
 
     def stop(self, timeout: float = 30.0, router_timeout: float = 90.0) -> dict[str, int]:
         """Drain in order: the router (it finishes what is in flight, up to its
@@ -181,22 +180,17 @@ class Cluster:
         codes: dict[str, int] = {}
         for role, wait_s in (("router", router_timeout), ("prefill", timeout),
                              ("decode", timeout)):
-            group = [m for m in self.members if m.role == role]
-            for member in group:
-                if member.process is not None and member.process.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(member.process.pid, signal.SIGTERM)
+            group = [m.child for m in self.members if m.role == role and m.child is not None]
+            for child in group:
+                child.signal_stop()
             deadline = time.monotonic() + wait_s
-            for member in group:
-                if member.process is None:
-                    continue
-                try:
-                    member.process.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(member.process.pid, signal.SIGKILL)
-                    member.process.wait(5)
-                codes[member.name] = member.process.returncode
+            for member in self.members:
+                if member.role == role and member.child is not None:
+                    code = member.child.finish(max(0.1, deadline - time.monotonic()))
+                    assert code is not None
+                    codes[member.name] = code
+        if self._own_run_dir and self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         return codes
 
     def describe(self) -> dict[str, object]:

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from relaykv.common.layer_kinds import layer_kinds
+
 LayerType = Literal["full_attention", "sliding_attention"]
 LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention")
 ARCHITECTURES: tuple[str, ...] = ("llama", "qwen3", "mistral", "gemma3")
@@ -189,33 +191,7 @@ def from_hf_dict(raw: dict[str, Any]) -> ModelConfig:
     hidden = int(d["hidden_size"])
     head_dim = int(d.get("head_dim") or hidden // num_heads)
     gemma = arch == "gemma3"
-    window = d.get("sliding_window")
-    if arch == "qwen3" and not d.get("use_sliding_window", False):
-        window = None
-    layer_types = d.get("layer_types")
-    if arch == "mistral":
-        kind = "sliding_attention" if window else "full_attention"
-        layer_types = [kind] * num_layers
-    elif arch == "llama":
-        layer_types = ["full_attention"] * num_layers
-        window = None
-    elif layer_types is None:
-        if gemma:
-            pattern = int(d.get("sliding_window_pattern", d.get("_sliding_window_pattern", 6)))
-            layer_types = [
-                "sliding_attention" if (i + 1) % pattern else "full_attention"
-                for i in range(num_layers)
-            ]
-        else:
-            start = int(d.get("max_window_layers", num_layers))
-            layer_types = [
-                "sliding_attention" if window and i >= start else "full_attention"
-                for i in range(num_layers)
-            ]
-    if not window:
-        # transformers treats a "sliding" layer without a window as full attention.
-        window = None
-        layer_types = ["full_attention"] * num_layers
+    kinds = layer_kinds(d)
     if gemma and d.get("attn_logit_softcapping"):
         raise ValueError("attention logit softcapping (Gemma-2 style) is not supported")
     if gemma and d.get("use_bidirectional_attention"):
@@ -236,8 +212,8 @@ def from_hf_dict(raw: dict[str, Any]) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
         head_dim=head_dim,
-        layer_types=tuple(layer_types),
-        sliding_window=int(window) if window else None,
+        layer_types=kinds.types,
+        sliding_window=kinds.window,
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         hidden_act=act,
         rope=_rope_specs(d, gemma),

@@ -4,6 +4,11 @@
            "steps": [[[0, 512, 0, 0]], [[1024, 1, 2, 1], [2048, 1, 2, 1]]]}' |
         python -m relaykv.model.step_timing
 
+`"draft"` is `"shipped"` (the default: the draft the model ships, what `relaykv serve
+--speculative-tokens K` loads) or `"random"`; `"threads"` the torch threads (default: torch's
+own, one per core or `$OMP_NUM_THREADS`, what `relaykv serve` uses without `--torch-threads`).
+The output also reports the `threads` and `draft` it timed with.
+
 Each step is a list of sequences `[start, new, drafts, propose]`: `new` tokens computed
 from position `start` with `drafts` draft tokens to verify after them; every sequence
 samples, as the last chunk of a prompt or a decode step does, and with a draft proposes
@@ -28,20 +33,20 @@ import torch
 
 from relaykv.common.messages.steps import SequenceWork, StepBatch
 
+DRAFTS = ("shipped", "random")
 
-def _runner(model: str, k: int, num_blocks: int) -> Any:
-    from relaykv.model import (
-        ModelRunner,
-        default_draft,
-        has_default_draft,
-        load_model,
-        random_draft,
-    )
 
+def _runner(model: str, k: int, num_blocks: int, draft_name: str = "shipped") -> Any:
+    """The runner with `relaykv serve`'s draft for `--speculative-tokens k`: the draft the
+    model ships (`shipped`, relaykv serve's default) or `random` (`--draft-model random`)."""
+    from relaykv.model import ModelRunner, default_draft, load_model, random_draft
+
+    if draft_name not in DRAFTS:
+        raise ValueError(f"draft must be one of {DRAFTS}, got {draft_name!r}")
     loaded = load_model(model)
     draft = None
     if k:
-        if has_default_draft(model):  # the shipped draft (tiny-hybrid, gemma3-270m)
+        if draft_name == "shipped":  # NoDefaultDraft names the models that ship one
             draft = default_draft(model, loaded.config, loaded.model.dtype)
         else:
             draft = random_draft(loaded.config, seed=0, dtype=loaded.model.dtype)
@@ -84,13 +89,12 @@ def time_steps(spec: dict[str, Any]) -> list[float]:
     for step in steps:
         per_step = sum(-(-(s + n + d + k) // 16) for s, n, d, _ in step)
         need = max(need, per_step * 8 + 2)  # up to 8 groups (page-balanced geometries)
-    runner, vocab = _runner(spec["model"], k, need)
+    runner, vocab = _runner(spec["model"], k, need, spec.get("draft", "shipped"))
     geo = runner.geometry
     block = geo.groups[0].block_size
     batches = [_batch(step, geo.num_groups, block, k, vocab) for step in steps]
-    # One thread by default: on a shared machine OpenMP's spinning threads turn other
-    # processes' load into 10-100x slowdowns that have nothing to do with the model.
-    torch.set_num_threads(int(spec.get("threads", 1)))
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
     out = []
     for batch in batches:
         runner.execute(batch)  # warm-up: first touch of its pages and shapes
@@ -104,13 +108,15 @@ def time_steps(spec: dict[str, Any]) -> list[float]:
     return out
 
 
-def acceptance_rate(model: str, k: int, prompt_len: int = 256, steps: int = 48) -> float:
+def acceptance_rate(
+    model: str, k: int, prompt_len: int = 256, steps: int = 48, draft: str = "shipped"
+) -> float:
     """Accepted / proposed drafts of greedy decoding after a random prompt (the draft's
     acceptance on random-token prompts, what the synthetic datasets send)."""
     if not k:
         return 0.0
     span = prompt_len + steps * (k + 1) + k + 1
-    runner, vocab = _runner(model, k, (span // 16 + 2) * 8 + 2)
+    runner, vocab = _runner(model, k, (span // 16 + 2) * 8 + 2, draft)
     geo = runner.geometry
     n_blocks = -(-span // geo.groups[0].block_size)
     tables = [list(range(1 + g * n_blocks, 1 + (g + 1) * n_blocks)) for g in range(geo.num_groups)]
@@ -133,7 +139,14 @@ def main() -> int:
     spec = json.loads(sys.stdin.read())
     seconds = time_steps(spec)
     k = int(spec.get("speculative_tokens", 0))
-    print(json.dumps({"seconds": seconds, "acceptance_rate": acceptance_rate(spec["model"], k)}))
+    draft = spec.get("draft", "shipped")
+    out = {
+        "seconds": seconds,
+        "acceptance_rate": acceptance_rate(spec["model"], k, draft=draft),
+        "threads": torch.get_num_threads(),
+        "draft": draft if k else None,
+    }
+    print(json.dumps(out))
     return 0
 
 

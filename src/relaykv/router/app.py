@@ -2,8 +2,9 @@
 
 `POST /v1/completions` and `/v1/chat/completions` go down the request path (`relay.py`);
 `GET /v1/models` is answered by a healthy decode engine; `/health`, `/routing`, `/cluster` and
-`/metrics` describe the router. The app's lifespan owns the HTTP client to the engines and
-the health loop (`Router.health_loop`).
+`/metrics` describe the router (`/routing`, with its per-request records, behind the API key
+when one is set; docs/security.md, "Listeners"). The app's lifespan owns the HTTP client to
+the engines and the health loop (`Router.health_loop`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def create_router_app(router: Router) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/routing")
-    async def routing(recent: int = 0) -> dict[str, Any]:
+    async def routing(request: Request, recent: int = 0) -> dict[str, Any]:
+        router.authorize(request)  # per-request records: behind the API key when one is set
         return router.routing.describe(recent=bool(recent))
 
     @app.get("/cluster")

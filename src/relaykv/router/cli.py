@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
+from relaykv.common.plumbing.derived_keys import KV_SECRET_ENV, read_cluster_secret
 from relaykv.common.plumbing.secret_files import PrivateFileError, resolve_api_key
 from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
@@ -31,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "visible on a command line: prefer --api-key-file")
     parser.add_argument("--api-key-file", default=None,
                         help="file (mode 0600) holding the key (default $RELAYKV_API_KEY_FILE)")
+    parser.add_argument("--kv-secret-file", default=os.environ.get(KV_SECRET_ENV) or None,
+                        help="the cluster secret (mode 0600; default $RELAYKV_KV_SECRET_FILE): "
+                        "subscribes to KV events published off an engine's host, which are "
+                        "CURVE-encrypted with keys derived from it (docs/kv-events.md)")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
     parser.add_argument("--prefill-timeout", type=float, default=120.0,
                         help="seconds a prefill engine may take for one request before the "
@@ -127,6 +133,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except PrivateFileError as exc:
         parser.error(f"argument --api-key-file: {exc}")
+    kv_secret = None
+    if args.kv_secret_file:
+        try:
+            kv_secret = read_cluster_secret(args.kv_secret_file)
+        except PrivateFileError as exc:
+            parser.error(f"argument --kv-secret-file: {exc}")
     try:
         limits = IntakeLimits(args.max_body_bytes, args.body_timeout, args.header_timeout)
     except ValueError as exc:
@@ -153,7 +165,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         prefill, decode, api_key=api_key, request_timeout=args.request_timeout,
         prefill_timeout=args.prefill_timeout, limits=limits,
         public_url=f"http://{host}:{args.port}",
-        routing=Routing(args.routing, weights, api_key=api_key, conditional=rule),
+        routing=Routing(
+            args.routing, weights, api_key=api_key, conditional=rule, kv_secret=kv_secret
+        ),
     )
     print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}, "
           f"--disaggregation {rule.mode}): "

@@ -10,17 +10,15 @@ one that breaks or ends early gets an in-band error event, and every stream ends
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relaykv.common.messages.api_errors import error_body
+from relaykv.common.messages.sse import DONE, sse_error
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.metrics import RouterStats
-
-DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class EngineCalls:
@@ -132,22 +130,17 @@ class EngineCalls:
             except httpx.HTTPError as exc:
                 pool.failed(backend, f"stream broke: {exc.__class__.__name__}")
                 self.stats.stream_errors += 1
-                yield stream_error(f"the decode engine's stream broke: {exc}")
+                yield sse_error(f"the decode engine's stream broke: {exc}", 502)
                 tail = b""
-            if b"data: [DONE]" not in tail:
+            if DONE.rstrip() not in tail:
                 if tail:  # the engine closed cleanly without finishing the stream
                     self.stats.stream_errors += 1
-                    yield stream_error("the decode engine ended the stream early")
-                yield DONE_EVENT
+                    yield sse_error("the decode engine ended the stream early", 502)
+                yield DONE
         finally:
             backend.in_flight -= 1
             self._on_stream_end()
             await resp.aclose()
-
-
-def stream_error(message: str) -> bytes:
-    """An in-band SSE error event (what OpenAI streams send for a failure mid-stream)."""
-    return f"data: {json.dumps(error_body(502, message))}\n\n".encode()
 
 
 def relayed(resp: httpx.Response) -> Response:

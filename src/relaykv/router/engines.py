@@ -3,7 +3,8 @@
 `Engines` owns one `EngineTracker` per engine URL. Each health tick (`refresh`) reads the
 engine's `/v1/kv_cache_info` (geometry, role, P/D policy, KV event endpoints, instance id)
 and `/metrics` (queue, KV usage); with cache-aware routing it follows the engine's KV events
-into an `EngineIndex`. A new instance id (the engine restarted) drops the old index. An
+into an `EngineIndex` (over CURVE, with keys derived from the cluster secret, when the engine
+publishes off its host). A new instance id (the engine restarted) drops the old index. An
 engine whose event stream disconnects leaves the rotation at once (`kv_subscriber.py`).
 """
 
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from relaykv.common.messages.geometry_json import parse_geometry_json
+from relaykv.common.plumbing.derived_keys import CurveKeys
 from relaykv.kvcache import DEFAULT_PD_POLICY, Geometry, GroupSpec, PDPolicy
 from relaykv.router.backends import Backend
 from relaykv.router.holders import KeyHolders
@@ -61,11 +63,17 @@ class Engines:
     """Per engine URL, its tracker; `follow_events`: subscribe to their KV events."""
 
     def __init__(
-        self, holders: KeyHolders, follow_events: bool, api_key: str | None = None
+        self,
+        holders: KeyHolders,
+        follow_events: bool,
+        api_key: str | None = None,
+        kv_secret: bytes | None = None,
     ) -> None:
         self.holders = holders  # decode engines' keys, to bound their hits together
         self.follow_events = follow_events
         self.api_key = api_key
+        # subscriber keys for a CURVE event stream (an engine publishing off its host)
+        self.curve = CurveKeys.from_secret(kv_secret) if kv_secret else None
         self.trackers: dict[str, EngineTracker] = {}
 
     def tracker(self, backend: Backend) -> EngineTracker:
@@ -127,6 +135,15 @@ class Engines:
         events = info.get("kv_events")
         if not self.follow_events or not isinstance(events, dict):
             return
+        curve = None
+        if events.get("curve"):
+            if self.curve is None:
+                log.warning(
+                    "engine %s publishes KV events with CURVE and this router has no cluster "
+                    "secret (--kv-secret-file): routing it on load alone", backend.url
+                )
+                return
+            curve = self.curve
         host = urlsplit(backend.url).hostname or "127.0.0.1"
         endpoint = _reachable(str(events.get("endpoint")), host)
         replay = events.get("replay_endpoint")
@@ -142,6 +159,7 @@ class Engines:
             _reachable(replay, host) if replay else None,
             str(events.get("topic", "")),
             on_down=down,
+            curve=curve,
         )
         t.subscriber.start()
 

@@ -18,6 +18,11 @@ Sequence rules (`accept`):
 
 Memory: one dict entry per held block and group (the key's bytes object plus a slot),
 measured by `benchmarks/bench_router.py`.
+
+A KV tier (docs/tier.md): events whose `medium` is not the device's ("CPU") feed `tier`, a
+second set of maps. Blocks there are reachable at a cost (copied back before the request
+computes), so a colocated or prefill engine's usable hit counts the tokens the tier adds
+beyond the device hit at `TIER_WEIGHT` each; the hit itself is kvcache's tiered lookup.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from relaykv.common.messages.kv_events import AllBlocksCleared, BlockStored, decode_batch
+from relaykv.common.messages.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockStored,
+    decode_batch,
+)
 from relaykv.kvcache import (
     DEFAULT_PD_POLICY,
     CacheRequest,
@@ -40,7 +50,7 @@ from relaykv.kvcache import (
     rules_for,
 )
 from relaykv.kvcache.decode_loads import (
-    reusable_blocks,
+    held_probes,
     reused_indices,
     tokens_local_in,
 )
@@ -49,10 +59,25 @@ from relaykv.kvcache.hashing import PrefixChains
 from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.kvcache.pd_plan import reach_blocks
+from relaykv.kvcache.tier import TieredKeys
 from relaykv.router.holders import KeyHolders, PromptCounts
 
 _HELD = 1  # the index does not know block ids; lookups only test membership
 _BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
+# A token the engine would load from its KV tier is worth this much of one held on the device
+# (a copy back before the request computes, still far cheaper than computing it).
+TIER_WEIGHT = 0.8
+
+
+@dataclass(eq=False)
+class TierHeld:
+    """The blocks an engine's KV tier holds, per group (its non-device KV events)."""
+
+    maps: list[dict[bytes, int]]
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(m) for m in self.maps)
 
 
 @dataclass(eq=False)
@@ -77,6 +102,7 @@ class EngineIndex:
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
+        self.tier = TierHeld([{} for _ in self.geometry.groups])
         if self.holders is not None and self.slot is None:
             self.slot = self.holders.slot()
 
@@ -102,6 +128,8 @@ class EngineIndex:
     def reset(self) -> None:
         """Forget everything (engine restarted, disconnected, or an unrecoverable gap)."""
         self._clear()
+        for tmap in self.tier.maps:
+            tmap.clear()
         self.expected = None
         self.resets += 1
 
@@ -133,8 +161,16 @@ class EngineIndex:
             if not 0 <= group < num_groups:
                 self.events_dropped += 1
                 continue
-            gmap = self.maps[group]
             keys = [h for h in ev.block_hashes if isinstance(h, bytes)]
+            if ev.medium not in (None, MEDIUM_GPU):
+                tmap = self.tier.maps[group]
+                if isinstance(ev, BlockStored):
+                    tmap.update(dict.fromkeys(keys, _HELD))
+                else:
+                    for h in keys:
+                        tmap.pop(h, None)
+                continue
+            gmap = self.maps[group]
             if isinstance(ev, BlockStored):
                 for h in keys:
                     gmap[h] = _HELD
@@ -174,7 +210,11 @@ class EngineIndex:
                 ):
                     return hit
             cap = self._prefill_cap(req)
-        return longest_hit_tokens(req, self.rules, self, cap)
+        device = longest_hit_tokens(req, self.rules, self, cap)
+        if not self.tier.num_blocks:
+            return device
+        tiered = longest_hit_tokens(req, self.rules, TieredKeys(self, self.tier), cap)
+        return device + int(TIER_WEIGHT * (tiered - device))
 
     def _plan(self, n: int) -> PDPlan:
         return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
@@ -205,8 +245,7 @@ class EngineIndex:
         in the holders map when the prompt's counts of this group are at hand (the full
         groups, after `hit_bound`), else in the engine's own map."""
         if counts is None or self.slot is None or not rule.prefix_closed:
-            reused = reusable_blocks(req, rule, self.maps[rule.index], held)
-            return np.fromiter(reused, dtype=np.int64, count=len(reused))
+            return reused_indices(*held_probes(req, rule, self.maps[rule.index], held), rule.peek)
         stop = min(held.stop, len(req.keys(rule.index)))
         if held.start >= stop:
             return np.zeros(0, dtype=np.int64)
@@ -246,8 +285,9 @@ class EngineIndex:
         if self.role == "prefill":
             cap = min(cap, self._prefill_cap(req, reach=False))
         bound = cap
+        keyed = TieredKeys(self, self.tier) if self.tier.num_blocks else self
         for rule in full:
-            keys, gmap = req.keys(rule.index), self.maps[rule.index]
+            keys, gmap = req.keys(rule.index), keyed.maps[rule.index]
             limit = min(cap // rule.block_size + rule.peek, len(keys))
             # The exact run of held blocks from block 0 ends at or before the first missing
             # block; probing one block in _BOUND_STRIDE finds one within a stride of it.

@@ -7,6 +7,8 @@ sockets at once) the index is dropped and `on_down` is called, so the router sto
 the engine before its next health check; when the connection comes back the index starts
 empty and is rebuilt from a replay from 0 (a late or reconnected subscriber sees everything
 the publisher still buffers; if it buffers less, the index keeps only what later events prove).
+A publisher off the engine's host is a CURVE server: both sockets then connect as the
+cluster's CURVE client (`relaykv.common.plumbing.derived_keys`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from relaykv.common.messages.kv_events import SEQ_BYTES, frame_seq, seq_frame
+from relaykv.common.plumbing.derived_keys import CurveKeys
 from relaykv.router.index import EngineIndex
 
 log = logging.getLogger(__name__)
@@ -38,13 +41,16 @@ class EventSubscriber:
         topic: str = "",
         on_down: Callable[[str], None] | None = None,
         on_up: Callable[[], None] | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
+        """`curve`: the cluster's subscriber keys, for a publisher off its host."""
         self.index = index
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()
         self.on_down = on_down
         self.on_up = on_up
+        self.curve = curve
         self.connected = False
         self.replays = 0
         self._ctx = zmq.asyncio.Context()
@@ -67,6 +73,8 @@ class EventSubscriber:
         sub.setsockopt(zmq.RECONNECT_IVL, 200)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        if self.curve is not None:
+            self.curve.connect_as_client(sub)
         sub.connect(self.endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -131,6 +139,8 @@ class EventSubscriber:
         self.replays += 1
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.connect_as_client(dealer)
         dealer.connect(self.replay_endpoint)
         try:
             await dealer.send_multipart((b"", seq_frame(start)))

@@ -18,7 +18,7 @@ OpenAI error body; an engine's 4xx goes back to the client unchanged). Bodies tr
 client's own bytes with the fields a hop sets appended (`ClientBody.with_fields`), so the
 engines judge exactly what the client sent. The HTTP endpoints are `app.py`; every response
 is counted (`metrics.py`). Limits, timeouts, disconnects and the drain: `intake.py`,
-`disconnect.py`, `server.py` (docs/pd.md "Limits and timeouts").
+`common/plumbing/disconnect.py`, `server.py` (docs/pd.md "Limits and timeouts").
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError
+from relaykv.common.plumbing.disconnect import ClientGone, unless_disconnected
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.decision import Choice
 from relaykv.router.destinations import destination_id, refused_grant
-from relaykv.router.disconnect import ClientGone, unless_disconnected
 from relaykv.router.engine_calls import EngineCalls, relayed, unavailable
 from relaykv.router.intake import ClientBody, IntakeLimits, read_body
 from relaykv.router.metrics import RouterStats

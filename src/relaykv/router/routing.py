@@ -43,7 +43,9 @@ class Routing:
         weights: CacheAwareWeights | None = None,
         api_key: str | None = None,
         conditional: ConditionalRule | None = None,
+        kv_secret: bytes | None = None,
     ) -> None:
+        """`kv_secret`: the cluster secret, for KV events published off an engine's host."""
         self.mode = mode
         self.weights = weights
         self.conditional = conditional or ConditionalRule()
@@ -51,7 +53,9 @@ class Routing:
         cache_aware = mode == "cache-aware"
         self.policies: dict[str, RoutingPolicy] = {}
         self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
-        self.engines = Engines(self.holders, follow_events=cache_aware, api_key=api_key)
+        self.engines = Engines(
+            self.holders, follow_events=cache_aware, api_key=api_key, kv_secret=kv_secret
+        )
         self.prompts = PromptReader(cache_aware, api_key)
         self.in_flight = InFlightPrefixes()  # prompts sent to engines, not yet answered
         self.peak_load_ratio: dict[str, float] = {}  # per role: max chosen load / mean load

@@ -112,10 +112,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     except ValueError as exc:  # the --sglang-bootstrap flags
         parser.error(str(exc))
+    events_secret = _events_secret(events_config, args, parser)
     from relaykv.serve.api.app import create_app
     from relaykv.serve.api.server import serve_app
     from relaykv.serve.assembly.engine_factory import build_engine
-    from relaykv.serve.assembly.pd_wiring import connector_factory, kv_buffer_factory
+    from relaykv.serve.assembly.pd_wiring import (
+        connector_factory,
+        finish_process,
+        kv_buffer_factory,
+    )
 
     apply_torch_threads(args.torch_threads)
     try:
@@ -132,9 +137,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     say(f"torch threads: {_torch_threads()}" + (f" ({WAIT_POLICY_ENV}={policy})" if policy else ""))
     app = create_app(served, api_key=api_key, drain_timeout=args.drain_timeout)
     sglang_bootstrap.install(app, bootstrap)
-    publisher = start_kv_events(served, events_config, app)
+    publisher = start_kv_events(served, events_config, app, events_secret)
     try:
-        return serve_app(
+        status = serve_app(
             app,
             args.host,
             args.port,
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     finally:
         if publisher is not None:
             publisher.shutdown()
+    return finish_process(options, status)
 
 
 def _torch_threads() -> int:
@@ -153,18 +159,42 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def start_kv_events(served: ServedEngine, config: KVEventsConfig, app: FastAPI) -> Publisher | None:
+def _events_secret(
+    config: KVEventsConfig, args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> bytes | None:
+    """The cluster secret when the KV event stream leaves the host (CURVE), else None."""
+    if not (config.active and config.curve):
+        return None
+    path = getattr(args, "kv_secret_file", None)
+    if not path:
+        parser.error(
+            "argument --kv-events-config: an endpoint off this host is encrypted and "
+            "authenticated with the cluster secret: give --kv-secret-file (or bind loopback "
+            "or ipc://; docs/kv-events.md)"
+        )
+    from relaykv.serve.assembly.pd_wiring import load_kv_secret
+
+    try:
+        return load_kv_secret(path)
+    except ValueError as exc:
+        parser.error(f"argument --kv-secret-file: {exc}")
+
+
+def start_kv_events(
+    served: ServedEngine, config: KVEventsConfig, app: FastAPI, secret: bytes | None = None
+) -> Publisher | None:
     """Publish the engine's KV events when configured; serve `/v1/kv_cache_info` always."""
     from relaykv.engine.kv_events import ZmqEventPublisher
     from relaykv.serve.api.kv_cache_info import install_kv_cache_info
 
     publisher = None
     if config.active:
-        publisher = ZmqEventPublisher(config, served.engine.manager.geometry)
+        publisher = ZmqEventPublisher(config, served.engine.manager.geometry, secret=secret)
         served.engine.manager.set_event_sink(publisher.sink)
         say(
             f"KV events on {publisher.endpoint} (topic {config.topic!r}, replay "
-            f"{publisher.replay_endpoint or 'off'})"
+            f"{publisher.replay_endpoint or 'off'}"
+            f"{'; CURVE with the cluster secret' if secret else ''})"
         )
     install_kv_cache_info(app, served, publisher)
     return publisher

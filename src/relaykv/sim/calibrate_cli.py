@@ -2,14 +2,19 @@
 
 1. The real model runner times `calibrate.calibration_steps` (prefills at several lengths
    and cached fractions, decode batches of 1-8 at several contexts, a mixed step) in a
-   subprocess (`python -m relaykv.model.step_timing`: only the model layer loads models).
+   subprocess (`python -m relaykv.model.step_timing`: only the model layer loads models),
+   with the draft `relaykv serve --speculative-tokens K` loads (the model's shipped one, or
+   `--draft-model random`) and the torch threads of `--torch-threads` (default: torch's,
+   as `relaykv up`'s engines).
 2. The chosen transport (`--kv-transport`, default shm) times reads of 1 to 256 pages of
    the model's geometry between two real endpoints in this process.
 3. `calibrate_serving` measures the serving overheads on a real local cluster and fits
    them (per-step and per-hop seconds on top of the runner).
 4. `calibrate.fit_hardware` / `fit_link` fit the cost model; the file holds the fitted
-   `HardwareSpec` fields, a `link`, the measurements and the fit's relative errors. Use it
-   as `relaykv sim --hardware FILE` (its link is the default `--link`).
+   `HardwareSpec` fields, a `link`, the measurements, the fit's relative errors and the
+   `conditions` it was measured under (model, k, draft, torch threads, transport). Use it
+   as `relaykv sim --hardware FILE` (its link is the default `--link`), which refuses
+   other conditions (`hardware.check_conditions`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from relaykv.sim.calibrate import calibration_steps, fit_hardware, fit_link, relative_errors
 from relaykv.sim.calibrate_serving import fit_serving, measure_serving
-from relaykv.sim.hardware import HardwareSpec
+from relaykv.sim.hardware import CalibrationConditions, HardwareSpec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.models import ModelSpec
 
@@ -37,9 +43,25 @@ CPU_BASE = HardwareSpec(
 PAGE_COUNTS = (1, 4, 16, 64, 256)
 
 
-def time_runner(model: str, k: int, steps: list, repeats: int) -> tuple[list[float], float]:
-    """Median seconds per step and the draft's acceptance rate, from the real runner."""
-    spec = {"model": model, "speculative_tokens": k, "steps": steps, "repeats": repeats}
+def time_runner(
+    model: str,
+    k: int,
+    steps: list,
+    repeats: int,
+    torch_threads: int | None = None,
+    draft: str = "shipped",
+) -> dict[str, Any]:
+    """The real runner's fastest seconds per step (`seconds`), the draft's acceptance rate
+    (`acceptance_rate`), and the torch threads and draft it ran with (`threads`, `draft`:
+    None without a draft). `torch_threads` None: torch's default, as `relaykv up`'s engines."""
+    spec = {
+        "model": model,
+        "speculative_tokens": k,
+        "steps": steps,
+        "repeats": repeats,
+        "threads": torch_threads,
+        "draft": draft,
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "relaykv.model.step_timing"],
         input=json.dumps(spec),
@@ -49,8 +71,8 @@ def time_runner(model: str, k: int, steps: list, repeats: int) -> tuple[list[flo
     )
     if proc.returncode != 0:
         raise RuntimeError(f"timing the runner failed:\n{proc.stderr[-2000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [float(x) for x in out["seconds"]], float(out["acceptance_rate"])
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
 
 
 def time_transport(
@@ -87,27 +109,46 @@ def time_transport(
     return sizes, seconds
 
 
-def calibrate(model_name: str, k: int, transport: str, quick: bool = False) -> dict:
-    """Measure, fit, and return the calibration file's content."""
+def calibrate(
+    model_name: str,
+    k: int,
+    transport: str,
+    quick: bool = False,
+    torch_threads: int | None = None,
+    draft: str = "shipped",
+) -> dict:
+    """Measure, fit, and return the calibration file's content. The runner and the served
+    cluster run with the same k, draft (`shipped`: the model's own, `random`) and torch
+    threads (None: torch's default, as `relaykv up`'s engines); the file's `conditions`
+    record them, and `relaykv sim` refuses to simulate other ones (`check_conditions`)."""
     model = model_spec(model_name)
     steps = calibration_steps(k, quick)
     print(
-        f"[sim calibrate] timing {len(steps)} steps of {model_name} (k={k}) on the real runner",
+        f"[sim calibrate] timing {len(steps)} steps of {model_name} (k={k}, draft "
+        f"{draft if k else 'none'}) on the real runner",
         file=sys.stderr,
         flush=True,
     )
-    seconds, acceptance = time_runner(model_name, k, steps, repeats=1 if quick else 3)
+    runner = time_runner(model_name, k, steps, 1 if quick else 3, torch_threads, draft)
+    seconds = [float(x) for x in runner["seconds"]]
+    acceptance = float(runner["acceptance_rate"])
+    threads = int(runner["threads"])
     hw = fit_hardware(f"calibrated:{model_name}", model, steps, seconds, k, CPU_BASE)
     errors = relative_errors(model, hw, steps, seconds, k)
     print(f"[sim calibrate] timing {transport} reads", file=sys.stderr, flush=True)
     sizes, link_s = time_transport(transport, model, k, repeats=2 if quick else 5)
     link = fit_link(transport, sizes, link_s)
     print("[sim calibrate] timing a served workload on a real cluster", file=sys.stderr, flush=True)
-    served = measure_serving(model_name, k)
+    served = measure_serving(
+        model_name, k, torch_threads=threads, draft=draft, kv_transport=transport
+    )
     hw, link = fit_serving(model, k, hw, link, served)
     out = asdict(hw)
     out["link"] = asdict(link)
     out["acceptance_rate"] = acceptance
+    out["conditions"] = CalibrationConditions(
+        model_name, k, runner["draft"], threads, transport
+    ).to_json()
     out["measured"] = {
         "model": model_name,
         "speculative_tokens": k,
@@ -128,7 +169,24 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         model_spec(args.model)
     except ValueError as exc:
         parser.error(str(exc))
-    out = calibrate(args.model, args.speculative_tokens, args.kv_transport, args.calibrate_quick)
+    if args.speculative_tokens < 0:
+        parser.error("argument --speculative-tokens: must be >= 0")
+    try:
+        out = calibrate(
+            args.model,
+            args.speculative_tokens,
+            args.kv_transport,
+            args.calibrate_quick,
+            args.torch_threads,
+            args.draft_model,
+        )
+    except RuntimeError as exc:
+        if "NoDefaultDraft" in str(exc):
+            parser.error(
+                f"argument --draft-model: {args.model} ships no draft: calibrate with "
+                "--draft-model random (and simulate with it)"
+            )
+        raise
     Path(args.out).write_text(json.dumps(out, indent=1))
     errors = out["measured"]["fit_relative_error"]
     print(
@@ -144,5 +202,11 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         f"max {100 * float(np.max(np.abs(errors))):.1f}%; draft acceptance "
         f"{out['acceptance_rate']:.2f}"
     )
-    print(f"wrote {args.out}")
+    c = out["conditions"]
+    print(
+        f"wrote {args.out}: measured at --speculative-tokens {c['speculative_tokens']} "
+        f"(draft {c['draft'] or 'none'}), --torch-threads {c['torch_threads']}, "
+        f"--kv-transport {c['kv_transport']}; `relaykv sim --hardware {args.out}` simulates "
+        "only these (docs/simulator.md, \"Validation conditions\")"
+    )
     return 0

@@ -3,7 +3,8 @@
 A served token costs more than the runner's step: the engine's bookkeeping around each
 step (scheduling, hashing, commits, streaming on the engine's event loop) and the HTTP
 hops through the router. `relaykv sim calibrate` measures them on a real local cluster
-(`relaykv up`, single-threaded engines) with `relaykv bench serve` on its own workload
+(`relaykv up`, with the runner's k, draft, torch threads and the timed transport) with
+`relaykv bench serve` on its own workload
 (random prompts at concurrency 1, greedy, after a warmup request: not the validation
 workloads), and
 reads the engines' own latency histograms before and after, so that each overhead is
@@ -33,8 +34,9 @@ import tempfile
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from relaykv.common.plumbing.child_process import ChildProcess
 from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
@@ -101,31 +103,36 @@ def histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[s
     return means
 
 
-def measure_serving(model: str, k: int) -> dict[str, Any]:
+def measure_serving(
+    model: str,
+    k: int,
+    *,
+    torch_threads: int | None = 1,
+    draft: str = "shipped",
+    kv_transport: str = "shm",
+) -> dict[str, Any]:
     """`bench serve`'s result of `WORKLOAD` on a real local P/D cluster, plus the engines'
-    histogram means over the measured requests (`engine_means`: role -> name -> seconds)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    histogram means over the measured requests (`engine_means`: role -> name -> seconds).
+    The engines run with the runner's timing conditions: k draft tokens of `draft`
+    (`shipped`: the model's own; `random`), `torch_threads` torch threads each (None:
+    `relaykv up`'s default) and `kv_transport`."""
+    env = dict(os.environ)
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--model", model]
-    up += ["--speculative-tokens", str(k), *ENGINE]
+    up += ["--speculative-tokens", str(k), "--kv-transport", kv_transport, *ENGINE]
+    if k and draft == "random":
+        up += ["--draft-model", "random"]
+    if torch_threads is not None:
+        up += ["--torch-threads", str(torch_threads)]
     with tempfile.TemporaryDirectory() as tmp:
         # The members' logs go with the temporary directory (nothing reads them), instead of
-        # one /tmp/relaykv-up-* directory left behind per calibration.
-        proc = subprocess.Popen(
-            [*up, "--log-dir", str(Path(tmp) / "up")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
+        # one /tmp/relaykv-up-* directory left behind per calibration. SIGTERM goes to the
+        # up command alone: it stops its own cluster.
+        up_process = ChildProcess(
+            [*up, "--log-dir", str(Path(tmp) / "up")], pipe=True, env=env, signal_group=False
         )
+        up_process.start()
         try:
-            cluster = None
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("{") and '"router"' in line:
-                    cluster = json.loads(line)
-                    break
+            cluster = up_process.wait_for_line(_cluster_line, None)
             if cluster is None:
                 raise RuntimeError("relaykv up exited before printing its cluster JSON line")
             bench = [sys.executable, "-m", "relaykv", "bench", "serve"]
@@ -143,14 +150,16 @@ def measure_serving(model: str, k: int) -> dict[str, Any]:
             after = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
             result = json.loads((Path(tmp) / "serving.json").read_text())
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            up_process.stop(60)
     result["engine_means"] = {r: histogram_means(before[r], after[r]) for r in HISTOGRAMS}
     return result
+
+
+def _cluster_line(line: str) -> dict[str, Any] | None:
+    """The cluster JSON line `relaykv up --json` prints once every member is ready."""
+    if line.startswith("{") and '"router"' in line:
+        return cast(dict[str, Any], json.loads(line))
+    return None
 
 
 def _warmup_only(workload: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from relaykv.common.workloads import DatasetError, arrival_offsets
 from relaykv.kvcache import PD_POLICIES
 from relaykv.sim import sim_args
 from relaykv.sim.cluster import ClusterSpec, SimCluster
@@ -30,7 +31,6 @@ from relaykv.sim.hardware import hardware_spec, link_spec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.plots import plot_run
 from relaykv.sim.results import bench_block, public, side_by_side, summarize
-from relaykv.sim.workload import WorkloadError, arrival_offsets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         requests = sim_args.build_requests(args, model.vocab_size)
         offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed or 0)
-    except WorkloadError as exc:
+    except DatasetError as exc:
         parser.error(str(exc))
     policies = list(PD_POLICIES) if args.pd_policy == "all" else [args.pd_policy]
     base = sim_args.cluster_spec(args, model, hardware, link, requests, parser)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from relaykv.common.workloads import SampleRequest
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PDPolicy, Role
 from relaykv.router.policy import (
@@ -43,8 +44,8 @@ from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.routing import SimRouter
+from relaykv.sim.tier import DEFAULT_TIER_BANDWIDTH, SimTier
 from relaykv.sim.transport import SimTransport
-from relaykv.sim.workload import SimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,13 @@ class ClusterSpec:
     num_blocks: int = 10000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     retention: str = "auto"  # as `relaykv serve`: dense on prefill engines (docs/design.md §6)
-    prefill_prefix_caching: bool = True  # False: the seed's baseline image (simulator.md)
+    prefill_prefix_caching: bool = True  # False: the upstream report's baseline image
     routing: str = "cache-aware"  # relaykv router's --routing
+    # A KV tier per engine (docs/tier.md; simulator.md "KV tier"): bytes (None: no tier),
+    # its host link's bytes/s, and the checkpoint interval (None: the engine's default).
+    kv_offloading_size: int | None = None
+    kv_offloading_bandwidth: float = DEFAULT_TIER_BANDWIDTH
+    kv_offloading_interval: int | None = None
     disaggregation: str = "always"  # relaykv router's --disaggregation (module docstring)
     conditional_max_suffix: int | None = None  # None: the cost estimate from the presets
     conditional_max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
@@ -154,9 +160,20 @@ class SimCluster:
             role=Role.parse(role),
             pd_policy=PDPolicy.parse(s.pd_policy),
             model_name=s.model.name,
+            kv_offloading_interval=s.kv_offloading_interval,
         )
+        tier = None
+        if s.kv_offloading_size is not None:
+            block_bytes = executor.geometry.block_bytes
+            tier = SimTier(
+                self.loop,
+                s.kv_offloading_size // block_bytes,
+                block_bytes,
+                s.kv_offloading_bandwidth,
+                on_done=lambda: self.engines[name].kick(),
+            )
         self.engines[name] = SimEngine(
-            name, executor, config, self.loop, self._progress, self.transport
+            name, executor, config, self.loop, self._progress, self.transport, tier=tier
         )
 
     def _notify(self, engine_id: str) -> None:
@@ -260,7 +277,7 @@ class SimCluster:
     # -- the client --------------------------------------------------------------------
     def run(
         self,
-        requests: list[SimRequest],
+        requests: list[SampleRequest],
         offsets: list[float],
         *,
         max_concurrency: int | None,
@@ -274,7 +291,7 @@ class SimCluster:
         request (a progress bar)."""
         self._progress_hook = on_request_done
 
-        def params(r: SimRequest) -> SamplingParams:
+        def params(r: SampleRequest) -> SamplingParams:
             return SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=ignore_eos)
 
         limit = max_concurrency or 1 << 30
@@ -290,13 +307,13 @@ class SimCluster:
 
     def _send_gated(
         self,
-        items: list[tuple[SimRequest, float]],
+        items: list[tuple[SampleRequest, float]],
         limit: int,
-        params: Callable[[SimRequest], SamplingParams],
+        params: Callable[[SampleRequest], SamplingParams],
         warmup: bool,
     ) -> None:
         start = self.loop.now
-        queue: deque[tuple[int, SimRequest]] = deque()
+        queue: deque[tuple[int, SampleRequest]] = deque()
         state = {"in_flight": 0}
         base = len(self.records)
 
@@ -305,8 +322,8 @@ class SimCluster:
                 i, r = queue.popleft()
                 state["in_flight"] += 1
                 self.submit(
-                    RequestRecord(base + i, len(r.prompt), r.output_len, warmup=warmup),
-                    r.prompt,
+                    RequestRecord(base + i, r.prompt_len, r.output_len, warmup=warmup),
+                    r.prompt_ids,
                     params(r),
                 )
 
@@ -318,7 +335,7 @@ class SimCluster:
         self._on_done = done
         for i, (r, offset) in enumerate(items):
 
-            def arrive(i: int = i, r: SimRequest = r) -> None:
+            def arrive(i: int = i, r: SampleRequest = r) -> None:
                 queue.append((i, r))
                 pump()
 

@@ -18,6 +18,7 @@ from relaykv.common.messages.steps import StepBatch, StepOutput
 from relaykv.engine import EngineConfig, LLMEngine, Request, SamplingParams
 from relaykv.engine.scheduler import ScheduledSequence
 from relaykv.kvcache import CacheLifecycle
+from relaykv.kvcache.tier import TierBackend
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.executor import CostModelExecutor
 from relaykv.transfer.connector import PDConnector
@@ -35,12 +36,14 @@ class SimEngine:
         loop: EventLoop,
         on_progress: OnProgress,
         transport: Any = None,
+        tier: TierBackend | None = None,
     ) -> None:
+        """`tier`: a KV tier (`relaykv.sim.tier.SimTier`) below the engine's pool."""
         self.name = name
         self.role = config.role
         self.executor = executor
         self.loop = loop
-        self.engine = LLMEngine(executor, config)
+        self.engine = LLMEngine(executor, config, tier=tier)
         self.scheduler = self.engine.scheduler
         self.manager: CacheLifecycle = self.engine.manager
         self.connector: PDConnector | None = None

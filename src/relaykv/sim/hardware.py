@@ -100,6 +100,66 @@ def calibrated_acceptance(name: str) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class CalibrationConditions:
+    """What a calibration file was measured under (docs/simulator.md, "Validation
+    conditions"): the model, the draft tokens per step `k`, the draft (`shipped`: the
+    model's own, `random`; None without one), the torch threads per engine, the transport."""
+
+    model: str
+    speculative_tokens: int
+    draft: str | None
+    torch_threads: int
+    kv_transport: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def is_calibration(name: str) -> bool:
+    """Whether `--hardware NAME` names a calibration file (not a preset)."""
+    return name not in HARDWARE and Path(name).is_file()
+
+
+def check_conditions(
+    name: str, model: str, k: int, draft: str, torch_threads: int
+) -> tuple[str, str] | None:
+    """(flag, reason) when calibration file `name` was measured under other conditions than
+    the simulation asks for; None when they match or `name` is a preset. A simulation of
+    other conditions than the measured ones is off without a word (a k=0 calibration has
+    no draft pass and no acceptance to simulate k=2 with), so it is refused."""
+    if not is_calibration(name):
+        return None
+    raw = json.loads(Path(name).read_text()).get("conditions")
+    if not isinstance(raw, dict):
+        return "--hardware", (
+            f"the calibration {name} records no conditions (k, draft, torch threads): "
+            "made by an older relaykv; run `relaykv sim calibrate` again"
+        )
+    got = CalibrationConditions(**raw)
+    again = "or run `relaykv sim calibrate` again with the simulation's flags"
+    want_draft = draft if k else None
+    if got.model != model:
+        return "--model", f"the calibration {name} timed {got.model}, not {model}"
+    if got.speculative_tokens != k:
+        return "--speculative-tokens", (
+            f"the calibration {name} timed k={got.speculative_tokens}, asked to simulate "
+            f"k={k}: pass --speculative-tokens {got.speculative_tokens} {again}"
+        )
+    if got.draft != want_draft:
+        return "--draft-model", (
+            f"the calibration {name} timed the {got.draft} draft, asked to simulate the "
+            f"{want_draft} one: pass --draft-model {got.draft} {again}"
+        )
+    if got.torch_threads != torch_threads:
+        return "--torch-threads", (
+            f"the calibration {name} timed {got.torch_threads} torch thread(s) per engine, "
+            f"asked to simulate {torch_threads}: pass --torch-threads {got.torch_threads} "
+            f"{again}"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A P->D path: bytes per second per engine NIC and fixed seconds per transfer."""
 

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from relaykv.common.layer_kinds import layer_kinds
 from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.sim.models import LayerKind, ModelSpec
 
@@ -88,7 +89,8 @@ def dsv4_flash() -> ModelSpec:
       sliding layers with a 128-token window (MLA latent in FP8, 576 B/token/layer);
     * KV groups (block size in tokens): full compressed b=256 (21 layers: 3,024 B/token),
       sliding b=64 W=128 holding the MTP/EAGLE draft layer (22 + 1 layers: 13,248 B/token),
-      so the hit alignment A = 256 and the draft is in the sliding group (the seed's case);
+      so the hit alignment A = 256 and the draft is in the sliding group (the case of the upstream
+      report, vLLM PR #56449, docs/design.md §11);
     * KV bytes per token = 16,272 (66 % of it in the windowed group, which only keeps 128
       tokens per request, so a 65k prompt holds ~49 MB in the full group + 2.5 MB window).
     """
@@ -140,28 +142,21 @@ def model_spec(name: str) -> ModelSpec:
 
 
 def from_hf_config(raw: dict[str, Any], name: str = "hf-model") -> ModelSpec:
-    """A `ModelSpec` from an HF config (dense or MoE; `layer_types`, Gemma's pattern, or
-    one `sliding_window` for every layer); parameter counts from the shapes, bf16."""
+    """A `ModelSpec` from an HF config (dense or MoE; its layers' kinds as the engine reads
+    them, `relaykv.common.layer_kinds`); parameter counts from the shapes, bf16."""
     d = dict(raw.get("text_config") or raw)
+    if "model_type" in raw:
+        d.setdefault("model_type", raw["model_type"])
     layers_n = int(d["num_hidden_layers"])
     hidden = int(d["hidden_size"])
     heads = int(d["num_attention_heads"])
     kvh = int(d.get("num_key_value_heads") or heads)
     hd = int(d.get("head_dim") or hidden // heads)
-    window = d.get("sliding_window")
-    types = d.get("layer_types")
-    if types is None and window and "sliding_window_pattern" in d:
-        p = int(d["sliding_window_pattern"])
-        types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(layers_n)]
-    if types is None:
-        types = ["sliding_attention" if window else "full_attention"] * layers_n
-    if not window:
-        types = ["full_attention"] * layers_n
-    n_sliding = sum(1 for t in types if t == "sliding_attention")
+    kinds_of = layer_kinds(d)
+    n_sliding = kinds_of.num_sliding
     kinds = []
-    if n_sliding:
-        assert window is not None, "sliding layers need a sliding_window"
-        kinds.append(_attn("sliding", int(window), n_sliding, heads, kvh, hd, BF16))
+    if kinds_of.window is not None and n_sliding:
+        kinds.append(_attn("sliding", kinds_of.window, n_sliding, heads, kvh, hd, BF16))
     if layers_n - n_sliding:
         kinds.append(_attn("full", None, layers_n - n_sliding, heads, kvh, hd, BF16))
     vocab = int(d["vocab_size"])

@@ -2,7 +2,7 @@
 
 No weights. A `ModelSpec` carries what the cost model reads (parameters touched per token,
 weight bytes, attention shape per layer kind) and the exact KV `Geometry` the real engine
-would build, derived by the same rule as `relaykv.model.kv_layout` (docs/simulator.md
+would build, grouped by the engine's rule, `relaykv.kvcache.group_layers` (docs/simulator.md
 "Models"): layers of one (kind, window, KV heads, head dim) share a group, full groups
 first, block size 16, the EAGLE draft layer joins the group of its own kind, and a kind
 with >= 1.5x the layers of the smallest is split into interleaved groups (page balancing).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from relaykv.kvcache import Geometry, GroupSpec
+from relaykv.kvcache import Geometry, GroupSpec, group_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,35 +115,19 @@ def derive_geometry(
     layers: tuple[LayerKind, ...], draft: LayerKind | None, block_size: int
 ) -> Geometry:
     """The engine's geometry for these layer kinds (the rule of the module docstring)."""
-    counts: dict[tuple[str, int | None, int, int], int] = {}
-    per_layer: dict[tuple[str, int | None, int, int], int] = {}
-    for kind in layers:
-        counts[kind.key] = counts.get(kind.key, 0) + kind.num_layers
-        per_layer[kind.key] = kind.kv_bytes_per_token
-    keys = list(counts)
-    if draft is not None and draft.key not in counts:
-        keys.append(draft.key)
-        per_layer[draft.key] = draft.kv_bytes_per_token
-    ordered = [k for k in keys if k[0] == "full"] + [k for k in keys if k[0] == "sliding"]
-    present = [counts[k] for k in ordered if counts.get(k)]
-    smallest, largest = (min(present), max(present)) if present else (1, 1)
-    per_group = largest if largest < 1.5 * smallest else smallest
-    specs: list[GroupSpec] = []
-    for key in ordered:
-        n = counts.get(key, 0)
-        splits = max(1, -(-n // per_group))
-        members = [n // splits + (1 if i < n % splits else 0) for i in range(splits)]
-        for i, layers_in_group in enumerate(members):
-            is_draft = draft is not None and draft.key == key and i == 0
-            total = layers_in_group + (1 if is_draft else 0)
-            specs.append(
-                GroupSpec(
-                    key[0],
-                    block_size,
-                    window=key[1],
-                    draft=is_draft,
-                    num_layers=total,
-                    bytes_per_token=total * per_layer[key],
-                )
-            )
-    return Geometry(tuple(specs), eagle=draft is not None)
+    per_layer = {kind.key: kind.kv_bytes_per_token for kind in layers}
+    if draft is not None:
+        per_layer.setdefault(draft.key, draft.kv_bytes_per_token)
+    keys = [kind.key for kind in layers for _ in range(kind.num_layers)]
+    specs = tuple(
+        GroupSpec(
+            group.key[0],
+            block_size,
+            window=group.key[1],
+            draft=group.draft,
+            num_layers=group.num_layers,
+            bytes_per_token=group.num_layers * per_layer[group.key],
+        )
+        for group in group_layers(keys, draft.key if draft else None)
+    )
+    return Geometry(specs, eagle=draft is not None)

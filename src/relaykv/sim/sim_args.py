@@ -8,8 +8,16 @@ command line moves between the two unchanged; flags that only concern a real ser
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
+from relaykv.common.workloads import SampleRequest
+from relaykv.common.workloads.flags import (
+    add_arrival_arguments,
+    add_dataset_arguments,
+    apply_general_lengths,
+)
+from relaykv.common.workloads.flags import build_requests as requests_for_flags
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
@@ -19,16 +27,15 @@ from relaykv.router.policy import (
     ROUTING_MODES,
 )
 from relaykv.sim.cluster import ClusterSpec
-from relaykv.sim.hardware import HardwareSpec, LinkSpec, calibrated_acceptance
-from relaykv.sim.models import ModelSpec
-from relaykv.sim.workload import (
-    DATASETS,
-    SimRequest,
-    WorkloadError,
-    prefix_repetition_dataset,
-    random_dataset,
-    shared_prefix_dataset,
+from relaykv.sim.hardware import (
+    HardwareSpec,
+    LinkSpec,
+    calibrated_acceptance,
+    check_conditions,
+    is_calibration,
 )
+from relaykv.sim.models import ModelSpec
+from relaykv.sim.tier import DEFAULT_TIER_BANDWIDTH
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B?)\s*$", re.IGNORECASE)
 
@@ -74,6 +81,21 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--hardware file's link, else rdma)",
     )
     g.add_argument("--speculative-tokens", type=int, default=0)
+    g.add_argument(
+        "--draft-model",
+        default="shipped",
+        choices=("shipped", "random"),
+        help="the EAGLE draft with --speculative-tokens: the model's shipped one (relaykv "
+        "serve's default) or random (--draft-model random); a calibration file must match",
+    )
+    g.add_argument(
+        "--torch-threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="torch threads per engine (default: relaykv up's, torch's own: one per core or "
+        "$OMP_NUM_THREADS); a calibration file must have timed the same",
+    )
     g.add_argument(
         "--acceptance-rate",
         type=float,
@@ -130,43 +152,38 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     )
     g.add_argument(
+        "--kv-offloading-size",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="a KV tier of SIZE host memory per engine, e.g. 200GiB (docs/tier.md; default: "
+        "none)",
+    )
+    g.add_argument(
+        "--kv-offloading-bandwidth",
+        type=float,
+        default=DEFAULT_TIER_BANDWIDTH / 1e9,
+        metavar="GB/S",
+        help="the tier's host<->device rate per direction (default: "
+        f"{DEFAULT_TIER_BANDWIDTH / 1e9:g}, PCIe Gen5 x16 sustained)",
+    )
+    g.add_argument("--kv-offloading-interval", type=int, default=None, metavar="N")
+    g.add_argument(
         "--prefill-prefix-caching",
         default="on",
         choices=("on", "off"),
-        help="off: prefill engines without prefix caching, the seed's baseline image "
-        "(docs/simulator.md)",
+        help="off: prefill engines without prefix caching, the baseline image of the "
+        "upstream report, vLLM PR #56449 (docs/simulator.md)",
     )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    d = parser.add_argument_group("dataset (relaykv bench serve's flags)")
-    d.add_argument("--dataset-name", default="random", choices=DATASETS)
-    d.add_argument("--num-prompts", type=int, default=1000)
-    d.add_argument("--seed", type=int, default=None)
-    d.add_argument("--disable-shuffle", action="store_true")
-    d.add_argument("--vocab-size", type=int, default=None, help="default: the model's")
-    d.add_argument("--input-len", type=int, default=None)
-    d.add_argument("--output-len", type=int, default=None)
-    d.add_argument("--random-input-len", type=int, default=1024)
-    d.add_argument("--random-output-len", type=int, default=128)
-    d.add_argument("--random-range-ratio", type=float, default=0.0)
-    d.add_argument("--random-prefix-len", type=int, default=0)
-    d.add_argument("--prefix-repetition-prefix-len", type=int, default=256)
-    d.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
-    d.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
-    d.add_argument("--prefix-repetition-output-len", type=int, default=128)
-    d.add_argument("--gsp-num-groups", type=int, default=64)
-    d.add_argument("--gsp-prompts-per-group", type=int, default=16)
-    d.add_argument("--gsp-system-prompt-len", type=int, default=2048)
-    d.add_argument("--gsp-question-len", type=int, default=128)
-    d.add_argument("--gsp-output-len", type=int, default=256)
-    d.add_argument("--gsp-range-ratio", type=float, default=1.0)
-    d.add_argument("--gsp-ordered", action="store_true")
+    add_dataset_arguments(parser)
+    parser.add_argument_group("vocabulary").add_argument(
+        "--vocab-size", type=int, default=None, help="default: the model's"
+    )
     load = parser.add_argument_group("load")
-    load.add_argument("--request-rate", type=float, default=float("inf"))
-    load.add_argument("--burstiness", type=float, default=1.0)
-    load.add_argument("--max-concurrency", type=int, default=None)
-    load.add_argument("--num-warmups", type=int, default=0)
+    add_arrival_arguments(load)
     load.add_argument(
         "--ignore-eos",
         action="store_true",
@@ -175,43 +192,34 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_requests(args: argparse.Namespace, model_vocab: int) -> list[SimRequest]:
-    vocab = args.vocab_size or model_vocab
-    out_len = args.output_len
-    if args.dataset_name == "random":
-        return random_dataset(
-            args.num_prompts,
-            vocab,
-            args.input_len or args.random_input_len,
-            out_len or args.random_output_len,
-            args.random_range_ratio,
-            args.random_prefix_len,
-            args.seed or 0,
-        )
-    if args.dataset_name == "prefix_repetition":
-        return prefix_repetition_dataset(
-            args.num_prompts,
-            vocab,
-            args.prefix_repetition_prefix_len,
-            args.prefix_repetition_suffix_len,
-            args.prefix_repetition_num_prefixes,
-            out_len or args.prefix_repetition_output_len,
-            args.seed or 0,
-            not args.disable_shuffle,
-        )
-    if args.dataset_name == "generated-shared-prefix":
-        return shared_prefix_dataset(
-            vocab,
-            args.gsp_num_groups,
-            args.gsp_prompts_per_group,
-            args.gsp_system_prompt_len,
-            args.gsp_question_len,
-            out_len or args.gsp_output_len,
-            args.gsp_range_ratio,
-            42 if args.seed is None else args.seed,
-            not (args.gsp_ordered or args.disable_shuffle),
-        )
-    raise WorkloadError(f"--dataset-name {args.dataset_name!r} is not supported")
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def torch_threads(args: argparse.Namespace) -> int:
+    """The torch threads per engine the run asks for: `--torch-threads`, else what an engine
+    of `relaykv up` gets by default (`$OMP_NUM_THREADS`, else torch's own count)."""
+    if args.torch_threads:
+        return int(args.torch_threads)
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def build_requests(args: argparse.Namespace, model_vocab: int) -> list[SampleRequest]:
+    """The requests `relaykv bench serve` would send for these flags (`--vocab-size`, else
+    the model's vocabulary); raises DatasetError naming the flag."""
+    apply_general_lengths(args)
+    return requests_for_flags(args, args.vocab_size or model_vocab)
 
 
 def pool_blocks(
@@ -234,7 +242,7 @@ def cluster_spec(
     model: ModelSpec,
     hw: HardwareSpec,
     link: LinkSpec,
-    requests: list[SimRequest],
+    requests: list[SampleRequest],
     parser: argparse.ArgumentParser,
 ) -> ClusterSpec:
     for flag in ("prefill_tp", "decode_tp", "num_decode", "max_num_seqs"):
@@ -246,12 +254,26 @@ def cluster_spec(
         value = getattr(args, flag, None)
         if value is not None and value < 0:
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 0")
+    if is_calibration(args.hardware):
+        mismatch = check_conditions(
+            args.hardware,
+            args.model,
+            args.speculative_tokens,
+            args.draft_model,
+            torch_threads(args),
+        )
+        if mismatch is not None:
+            parser.error(f"argument {mismatch[0]}: {mismatch[1]}")
     if args.acceptance_rate is None:
         args.acceptance_rate = calibrated_acceptance(args.hardware) or 0.7
     if not 0.0 <= args.acceptance_rate <= 1.0:
         parser.error("argument --acceptance-rate: must be in [0, 1]")
+    if not args.kv_offloading_bandwidth > 0:
+        parser.error("argument --kv-offloading-bandwidth: must be > 0")
+    if args.kv_offloading_interval is not None and args.kv_offloading_interval < 1:
+        parser.error("argument --kv-offloading-interval: must be >= 1")
     k = args.speculative_tokens
-    longest = max(len(r.prompt) + r.output_len for r in requests)
+    longest = max(r.prompt_len + r.output_len for r in requests)
     max_len = args.max_model_len or longest + k + 2
     geometry = model.geometry(with_draft=k > 0)
     blocks = args.num_blocks or min(
@@ -285,4 +307,7 @@ def cluster_spec(
         conditional_max_queued_prefill=getattr(
             args, "conditional_max_queued_prefill", DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
         ),
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offloading_bandwidth=args.kv_offloading_bandwidth * 1e9,
+        kv_offloading_interval=args.kv_offloading_interval,
     )

@@ -26,9 +26,9 @@ from typing import Any
 
 import xxhash
 
+from relaykv.common.plumbing.derived_keys import derive_key
 from relaykv.kvcache import CacheRequest, KVCacheManager
 from relaykv.kvcache.hashing import salt_prefix, token_bytes
-from relaykv.transfer.transport.wire.auth import derive_key
 
 SIGNATURE_KEY = "grant_signature"
 SIGNED_KEYS = (

@@ -11,7 +11,6 @@ from relaykv.bench.serve.options import (
     UsageError,
     base_url,
     choose_prompt_format,
-    dataset_seed,
     endpoint,
     is_chat,
     parse_goodput,
@@ -19,6 +18,7 @@ from relaykv.bench.serve.options import (
     parse_metric_percentiles,
     parse_percentile_metrics,
 )
+from relaykv.common.workloads.flags import dataset_seed
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -88,3 +88,38 @@ def test_counters_move_with_requests(http: httpx.Client) -> None:
     hist = [s for s in after if s.name == "vllm:time_to_first_token_seconds_bucket"]
     inf = next(s for s in hist if dict(s.labels)["le"] == "+Inf")
     assert inf.value == value(after, "vllm:time_to_first_token_seconds_count")
+
+
+def test_tier_hits_count_as_external_and_tier_families_appear() -> None:
+    """A prompt whose blocks the small pool let go comes back from the KV tier: vLLM's
+    external counters and `external_kv_transfer` count it, relaykv's tier families move,
+    and the reference executor (which reads its KV from the pages) answers the same."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from relaykv.common.messages.steps import SamplingParams
+    from relaykv.serve.api.metrics import EngineCollector
+
+    from ..harness import reference_served
+
+    served = reference_served(num_blocks=90, max_model_len=128, kv_offloading_size=0.001)
+    engine = served.engine
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    first = [1 + i % 50 for i in range(100)]
+    try:
+        out = [r.output_ids for r in engine.generate([first], params)]
+        for i in range(3):  # other prompts push the first one out of the pool
+            engine.generate([[60 + i] * 100], params)
+        again = engine.generate([[*first, 7]], params)[0]
+        assert again.num_cached_tokens >= 96  # the hit came back (from the tier)
+        assert engine.generate([first], params)[0].output_ids == out[0]
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine, "reference"))
+        samples = parse_samples(generate_latest(registry).decode())
+    finally:
+        assert engine.manager.tier is not None
+        engine.manager.tier.shutdown()
+    assert value(samples, "vllm:external_prefix_cache_hits") > 0
+    assert value(samples, "vllm:prompt_tokens_by_source", source="external_kv_transfer") > 0
+    assert value(samples, "relaykv:kv_offload_blocks", direction="loaded") > 0
+    assert value(samples, "relaykv:kv_offload_blocks", direction="stored") > 0
+    assert 0 < value(samples, "relaykv:kv_offload_usage_perc") < 1

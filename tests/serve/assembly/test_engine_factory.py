@@ -69,6 +69,17 @@ def test_startup_summary_says_what_to_expect() -> None:
     assert any("prefix caching: OFF" in line for line in off.summary)
 
 
+def test_a_kv_tier_from_its_flags() -> None:
+    served = build(EngineOptions(num_blocks=400, max_model_len=256, kv_offloading_size=0.001))
+    tier = served.engine.manager.tier
+    try:
+        assert tier is not None and tier.backend.capacity_blocks == (1 << 30) // 1000 // 32
+        assert tier.plan.interval == GEOMETRY.alignment
+        assert any(line.startswith("KV tier: native, 33554 blocks") for line in served.summary)
+    finally:
+        served.engine.manager.tier.shutdown() if tier else None
+
+
 def test_max_model_len_defaults_to_the_model_limit() -> None:
     served = build(EngineOptions(num_blocks=2000), model(max_position_embeddings=1000))
     assert served.max_model_len == 1000
@@ -92,6 +103,32 @@ def test_max_model_len_defaults_to_the_model_limit() -> None:
         (EngineOptions(num_blocks=400, pd_policy="nope"), "--pd-policy"),
         (EngineOptions(num_blocks=400, kv_load_failure="retry"), "--kv-load-failure"),
         (EngineOptions(num_blocks=400, kv_lease_seconds=0), "--kv-lease-seconds"),
+        (
+            EngineOptions(num_blocks=400, max_model_len=256, kv_offloading_size=0),
+            "--kv-offloading-size",
+        ),
+        (
+            EngineOptions(num_blocks=400, max_model_len=256, kv_offloading_size=1e-9),
+            "--kv-offloading-size",
+        ),
+        (
+            EngineOptions(
+                num_blocks=400,
+                max_model_len=256,
+                kv_offloading_size=0.001,
+                kv_offloading_interval=6,
+            ),
+            "--kv-offloading-interval",
+        ),
+        (
+            EngineOptions(
+                num_blocks=400,
+                max_model_len=256,
+                kv_offloading_size=0.001,
+                kv_offloading_backend="x",
+            ),
+            "--kv-offloading-backend",
+        ),
     ],
 )
 def test_bad_options_name_their_flag(options: EngineOptions, flag: str) -> None:

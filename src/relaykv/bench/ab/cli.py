@@ -38,10 +38,10 @@ from relaykv.bench.ab.workload import (
     run_group,
 )
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets import DatasetError
 from relaykv.bench.engine_counters import ClusterUrls
 from relaykv.bench.probe.run import probe_prompts, run_probe
 from relaykv.bench.server_info import ServerError, fetch_served_model
+from relaykv.common.workloads import DatasetError
 
 PROG = "relaykv bench ab"
 DEFAULT_VOCAB_SIZE = 32000
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix-len",
         type=int,
         default=8192,
-        help="prefix_repetition prefix length (the seed used 65504)",
+        help="prefix_repetition prefix length (the upstream report, vLLM PR #56449, used 65504)",
     )
     parser.add_argument("--suffix-len", type=int, default=64)
     parser.add_argument("--num-prefixes", type=int, default=1)

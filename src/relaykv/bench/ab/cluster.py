@@ -10,19 +10,13 @@ process group can be killed without touching anything else.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import queue
-import shlex
-import signal
 import subprocess
-import threading
 from pathlib import Path
-from typing import IO
 
 from relaykv.bench.engine_counters import ClusterUrls, parse_cluster
 from relaykv.bench.server_info import ServerError
+from relaykv.common.plumbing.child_process import ChildProcess
 
 
 class ClusterStartError(RuntimeError):
@@ -57,45 +51,33 @@ class ClusterProcess:
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.proc: subprocess.Popen[str] | None = None
+        # SIGTERM to the up command alone: it stops its own cluster.
+        self.child = ChildProcess(argv, log_path=log_path, pipe=True, signal_group=False)
         self.urls: ClusterUrls | None = None
-        self._lines: queue.Queue[ClusterUrls | None] = queue.Queue()
-        self._reader: threading.Thread | None = None
-        self._log: IO[str] | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[str] | None:
+        return self.child.proc
 
     @property
     def command(self) -> str:
-        return shlex.join(self.argv)
+        return self.child.command
 
     def start(self) -> ClusterUrls:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("w", encoding="utf-8")
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                bufsize=1,
-                start_new_session=True,
-            )
+            self.child.start()
         except OSError as exc:
-            self._log.close()
             raise ClusterStartError(f"cannot run `{self.command}`: {exc}") from exc
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
         try:
-            urls = self._lines.get(timeout=self.ready_timeout_s)
-        except queue.Empty:
+            urls = self.child.wait_for_line(_cluster_line, self.ready_timeout_s)
+        except TimeoutError:
             self.stop()
             raise ClusterStartError(
                 f"`{self.command}` printed no cluster JSON line within {self.ready_timeout_s:g}"
                 f" s; log: {self.log_path}"
             ) from None
         if urls is None:
-            status = self.proc.wait()
-            self.stop()
+            status = self.child.finish(self.stop_timeout_s)
             raise ClusterStartError(
                 f"`{self.command}` exited with status {status} before printing its cluster "
                 f"JSON line; last output:\n{self.log_tail()}"
@@ -103,42 +85,12 @@ class ClusterProcess:
         self.urls = urls
         return urls
 
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None and self._log is not None
-        found = False
-        for line in self.proc.stdout:
-            if not self._log.closed:  # stop() may give up waiting for a stuck pipe
-                self._log.write(line)
-                self._log.flush()
-            if not found and (urls := _cluster_line(line)) is not None:
-                found = True
-                self._lines.put(urls)
-        if not found:
-            self._lines.put(None)
-
     def stop(self) -> int | None:
         """SIGTERM, wait; SIGKILL the process group if it outlives the timeout."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if self._reader is not None:
-            self._reader.join(5)
-        if self._log is not None and not self._log.closed:
-            self._log.close()
-        return self.proc.returncode
+        return self.child.stop(self.stop_timeout_s)
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.child.log_tail(lines)
 
     def __enter__(self) -> ClusterProcess:
         self.start()

@@ -16,20 +16,16 @@ session, and `stop` sends SIGTERM, then SIGKILL to its process group after the t
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO
 
 from relaykv.bench.ab.cluster import ClusterStartError
 from relaykv.bench.engine_counters import ClusterUrls
+from relaykv.common.plumbing.child_process import ChildProcess, free_port
 
 PLACEHOLDERS = ("{port}", "{prefill}", "{decode}")
 
@@ -66,12 +62,6 @@ def front_argv(template: str, urls: ClusterUrls, port: int) -> list[str]:
     return argv
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class FrontProcess:
     """`start()` -> the front end's URL; `stop()` -> its exit status."""
 
@@ -84,39 +74,33 @@ class FrontProcess:
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 30.0,
     ) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.argv = front_argv(template, urls, self.port)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self.child = ChildProcess(self.argv, log_path=log_path)
+
+    @property
+    def proc(self) -> subprocess.Popen[str] | None:
+        return self.child.proc
 
     @property
     def command(self) -> str:
-        return shlex.join(self.argv)
+        return self.child.command
 
     def start(self) -> str:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            self.child.start()
         except OSError as exc:
-            self._log.close()
             raise ClusterStartError(f"cannot run front end `{self.command}`: {exc}") from exc
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if (status := self.child.poll()) is not None:
                 self.stop()
                 raise ClusterStartError(
-                    f"front end `{self.command}` exited with status {self.proc.returncode}; "
+                    f"front end `{self.command}` exited with status {status}; "
                     f"log: {self.log_path}"
                 )
             if self._ready():
@@ -136,17 +120,4 @@ class FrontProcess:
             return False
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if self._log is not None and not self._log.closed:
-            self._log.close()
-        return self.proc.returncode
+        return self.child.stop(self.stop_timeout_s)

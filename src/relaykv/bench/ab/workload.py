@@ -1,4 +1,5 @@
-"""The A/B workload: groups of prefix_repetition requests (the seed's c1/output1 style).
+"""The A/B workload: groups of prefix_repetition requests (the c1/output1 style of
+the upstream report, vLLM PR #56449).
 
 A group `cC/outputO:N` sends N prompts at concurrency C, each asking for O tokens, after
 the warmups (copies of the group's first prompt asking for one token: their job is to put
@@ -19,13 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets import prefix_repetition_requests
-from relaykv.bench.datasets.shared_prefix import generated_shared_prefix_requests
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
 from relaykv.bench.metrics import compute_metrics
 from relaykv.bench.runner import LoadShape, run_requests
 from relaykv.bench.serve.report import RunDescription, build_result
 from relaykv.bench.server_info import ServerError
+from relaykv.common.workloads import generated_shared_prefix_requests, prefix_repetition_requests
 
 GROUP_PATTERN = re.compile(r"^(?:(gsp):)?c(\d+)/output(\d+):(\d+)$")
 DEFAULT_GROUPS: tuple[str, ...] = ("c1/output1:8", "c8/output1:40", "c8/output128:40")

@@ -1,4 +1,5 @@
-"""The seed's fixed-engine correctness probe (docs/benchmarking.md "relaykv probe").
+"""The fixed-engine correctness probe of the upstream report, vLLM PR #56449 (docs/design.md
+§11; docs/benchmarking.md "relaykv probe").
 
 Two prompts x+a and x+b share a long prefix x (random token ids from one seeded
 generator: x, then a, then b, redrawing b if it equals a). Each is sent with
@@ -19,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from relaykv.bench.client import ApiTarget, send_request
-from relaykv.bench.datasets import SampleRequest
 from relaykv.bench.engine_counters import (
     ClusterUrls,
     Counters,
@@ -30,6 +30,7 @@ from relaykv.bench.engine_counters import (
 from relaykv.bench.outcome import RequestOutcome
 from relaykv.bench.runner import new_session
 from relaykv.bench.server_info import ServerError
+from relaykv.common.workloads import SampleRequest
 
 PHASES: tuple[str, ...] = ("first_load", "serial", "overlap")
 REPORTED: tuple[str, ...] = ("local_hit_tokens", "external_hit_tokens", "kv_bytes_received")

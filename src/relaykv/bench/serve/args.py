@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from relaykv.bench.datasets import DATASET_NAMES
-from relaykv.bench.datasets import prefix_repetition as pr
-from relaykv.bench.datasets import random_ids as rnd
-from relaykv.bench.datasets import shared_prefix as gsp
+from relaykv.common.workloads.flags import add_arrival_arguments, add_dataset_arguments
 
 BACKENDS: tuple[str, ...] = ("vllm", "openai", "openai-chat", "sglang")
 PROMPT_FORMATS: tuple[str, ...] = ("auto", "ids", "text")
@@ -73,62 +70,9 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("dataset")
-    group.add_argument("--dataset-name", default="random", choices=DATASET_NAMES)
-    group.add_argument("--num-prompts", type=int, default=1000)
-    group.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="dataset and arrival seed (default 0; 42 for generated-shared-prefix)",
-    )
-    group.add_argument(
-        "--disable-shuffle", action="store_true", help="keep the dataset's generation order"
-    )
-    group.add_argument("--input-len", type=int, default=None, help="sets --random-input-len")
-    group.add_argument(
-        "--output-len", type=int, default=None, help="sets every dataset's output length"
-    )
-    group.add_argument("--random-input-len", type=int, default=rnd.DEFAULT_INPUT_LEN)
-    group.add_argument("--random-output-len", type=int, default=rnd.DEFAULT_OUTPUT_LEN)
-    group.add_argument("--random-range-ratio", type=float, default=rnd.DEFAULT_RANGE_RATIO)
-    group.add_argument("--random-prefix-len", type=int, default=rnd.DEFAULT_PREFIX_LEN)
-    group.add_argument("--prefix-repetition-prefix-len", type=int, default=pr.DEFAULT_PREFIX_LEN)
-    group.add_argument("--prefix-repetition-suffix-len", type=int, default=pr.DEFAULT_SUFFIX_LEN)
-    group.add_argument(
-        "--prefix-repetition-num-prefixes", type=int, default=pr.DEFAULT_NUM_PREFIXES
-    )
-    group.add_argument("--prefix-repetition-output-len", type=int, default=pr.DEFAULT_OUTPUT_LEN)
-    group.add_argument("--gsp-num-groups", type=int, default=gsp.DEFAULT_NUM_GROUPS)
-    group.add_argument("--gsp-prompts-per-group", type=int, default=gsp.DEFAULT_PROMPTS_PER_GROUP)
-    group.add_argument("--gsp-system-prompt-len", type=int, default=gsp.DEFAULT_SYSTEM_PROMPT_LEN)
-    group.add_argument("--gsp-question-len", type=int, default=gsp.DEFAULT_QUESTION_LEN)
-    group.add_argument("--gsp-output-len", type=int, default=gsp.DEFAULT_OUTPUT_LEN)
-    group.add_argument("--gsp-range-ratio", type=float, default=gsp.DEFAULT_RANGE_RATIO)
-    group.add_argument(
-        "--gsp-ordered", action="store_true", help="do not shuffle generated-shared-prefix requests"
-    )
-
-
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("load and sampling")
-    group.add_argument(
-        "--request-rate",
-        type=float,
-        default=float("inf"),
-        help="requests/s; inf sends all at once, else Poisson (or gamma)",
-    )
-    group.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson"
-    )
-    group.add_argument("--max-concurrency", type=int, default=None)
-    group.add_argument(
-        "--num-warmups",
-        type=int,
-        default=0,
-        help="copies of the first request sent before measuring",
-    )
+    add_arrival_arguments(group)
     group.add_argument("--ignore-eos", action="store_true")
     group.add_argument("--temperature", type=float, default=None)
     group.add_argument("--top-p", type=float, default=None)

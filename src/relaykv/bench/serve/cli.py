@@ -7,23 +7,17 @@ import asyncio
 import sys
 from pathlib import Path
 
-from relaykv.bench.arrivals import distribution_name
 from relaykv.bench.client import ApiTarget
-from relaykv.bench.datasets import DatasetError
-from relaykv.bench.datasets.text_prompts import PromptTokenizer, as_text_requests
 from relaykv.bench.metrics import compute_metrics
 from relaykv.bench.runner import LoadShape, run_requests
 from relaykv.bench.serve import args as serve_args
 from relaykv.bench.serve.options import (
     DEFAULT_VOCAB_SIZE,
     UsageError,
-    apply_general_lengths,
     auth_headers,
     base_url,
-    build_requests,
     check_load_flags,
     choose_prompt_format,
-    dataset_seed,
     endpoint,
     is_chat,
     parse_goodput,
@@ -40,6 +34,10 @@ from relaykv.bench.serve.report import (
     write_result,
 )
 from relaykv.bench.server_info import ServedModel, ServerError, fetch_served_model
+from relaykv.bench.text_prompts import PromptTokenizer, as_text_requests
+from relaykv.common.workloads import DatasetError
+from relaykv.common.workloads.arrivals import distribution_name
+from relaykv.common.workloads.flags import apply_general_lengths, build_requests, dataset_seed
 
 PROG = "relaykv bench serve"
 

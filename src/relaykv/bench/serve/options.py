@@ -6,13 +6,6 @@ import argparse
 import math
 import os
 
-from relaykv.bench.datasets import (
-    SampleRequest,
-    generated_shared_prefix_requests,
-    prefix_repetition_requests,
-    random_requests,
-)
-from relaykv.bench.datasets import shared_prefix as gsp
 from relaykv.bench.metrics import METRIC_NAMES
 
 DEFAULT_VOCAB_SIZE = 32000
@@ -132,63 +125,6 @@ def choose_prompt_format(
     if chat or (have_tokenizer and not server_is_relaykv):
         return "text"
     return "ids"
-
-
-def dataset_seed(args: argparse.Namespace) -> int:
-    if args.seed is not None:
-        return args.seed
-    return gsp.DEFAULT_SEED if args.dataset_name == "generated-shared-prefix" else 0
-
-
-def apply_general_lengths(args: argparse.Namespace) -> None:
-    """vLLM's `--input-len`/`--output-len` shortcuts onto the dataset flags."""
-    if args.input_len is not None:
-        args.random_input_len = args.input_len
-    if args.output_len is not None:
-        args.random_output_len = args.output_len
-        args.prefix_repetition_output_len = args.output_len
-        args.gsp_output_len = args.output_len
-
-
-def build_requests(
-    args: argparse.Namespace, vocab_size: int, special_ids: list[int], num_special: int = 0
-) -> list[SampleRequest]:
-    """The dataset named by `--dataset-name` (raises DatasetError naming the flag)."""
-    seed = dataset_seed(args)
-    shuffle = not args.disable_shuffle
-    if args.dataset_name == "random":
-        return random_requests(
-            args.num_prompts,
-            vocab_size,
-            input_len=max(0, args.random_input_len - num_special),
-            output_len=args.random_output_len,
-            range_ratio=args.random_range_ratio,
-            prefix_len=args.random_prefix_len,
-            seed=seed,
-            special_ids=special_ids,
-        )
-    if args.dataset_name == "prefix_repetition":
-        return prefix_repetition_requests(
-            args.num_prompts,
-            vocab_size,
-            prefix_len=args.prefix_repetition_prefix_len,
-            suffix_len=args.prefix_repetition_suffix_len,
-            num_prefixes=args.prefix_repetition_num_prefixes,
-            output_len=args.prefix_repetition_output_len,
-            seed=seed,
-            shuffle=shuffle,
-        )
-    return generated_shared_prefix_requests(
-        vocab_size,
-        num_groups=args.gsp_num_groups,
-        prompts_per_group=args.gsp_prompts_per_group,
-        system_prompt_len=args.gsp_system_prompt_len,
-        question_len=args.gsp_question_len,
-        output_len=args.gsp_output_len,
-        range_ratio=args.gsp_range_ratio,
-        seed=seed,
-        shuffle=shuffle and not args.gsp_ordered,
-    )
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, float | int]:

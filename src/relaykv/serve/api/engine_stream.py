@@ -1,34 +1,27 @@
-"""One engine request under an HTTP handler: start, stream, collect, disconnects, SSE bytes.
+"""One engine request under an HTTP handler: start, stream, collect.
 
 The handler itself (one for chat and completions) is `relaykv.serve.api.generation`.
 
 `start_generation` validates with the engine before anything is sent (so every refusal is a
 400 with a proper body, not an error inside a stream) and returns the output stream.
-`collect` gathers a non-streaming result while watching the connection: a client that goes
-away cancels the collection, and cancelling the engine stream aborts the request and frees
-its blocks (`AsyncEngine.generate`'s contract). Streaming responses get the same from
-Starlette, which cancels the body iterator on `http.disconnect`.
+`collect` gathers a non-streaming result; the handler runs it under the floor's disconnect
+guard (`relaykv.common.plumbing.disconnect`): a client that goes away cancels the
+collection, and cancelling the engine stream aborts the request and frees its blocks
+(`AsyncEngine.generate`'s contract). Streaming responses get the same from Starlette, which
+cancels the body iterator on `http.disconnect`. The SSE bytes: `relaykv.common.messages.sse`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import Request
-
-from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError, error_body
+from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError
 from relaykv.common.messages.steps import TokenLogprobs
 from relaykv.engine import EngineDeadError, InvalidRequest, RequestOutput, SamplingParams
 from relaykv.serve.api.state import ServerState
-
-T = TypeVar("T")
-DONE = b"data: [DONE]\n\n"
 
 
 def new_request_id(prefix: str) -> str:
@@ -42,18 +35,6 @@ def usage(num_prompt: int, num_output: int, num_cached: int) -> dict[str, Any]:
         "total_tokens": num_prompt + num_output,
         "prompt_tokens_details": {"cached_tokens": num_cached},
     }
-
-
-def sse(event: dict[str, Any]) -> bytes:
-    return (
-        b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-    )
-
-
-def sse_error(exc: BaseException) -> bytes:
-    if isinstance(exc, APIError):
-        return sse(exc.body())
-    return sse(error_body(500, f"{type(exc).__name__}: {exc}"))
 
 
 def engine_failure(exc: EngineDeadError, state: ServerState) -> APIError:
@@ -135,31 +116,3 @@ async def collect(state: ServerState, stream: AsyncIterator[RequestOutput]) -> C
     async for out in outputs(state, stream):
         result.add(out)
     return result
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the answer was ready."""
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`; if the client disconnects first, cancel it (aborting its request)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task in done:
-        return task.result()
-    raise ClientGone()

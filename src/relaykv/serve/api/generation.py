@@ -26,18 +26,15 @@ from typing import Any, Protocol
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from relaykv.common.messages.sse import DONE, sse_error, sse_event
+from relaykv.common.plumbing.disconnect import ClientGone, unless_disconnected
 from relaykv.engine import RequestOutput, SamplingParams
 from relaykv.serve.api.engine_stream import (
-    DONE,
-    ClientGone,
     Collected,
     collect,
     new_request_id,
     outputs,
-    sse,
-    sse_error,
     start_generation,
-    unless_disconnected,
     usage,
 )
 from relaykv.serve.api.protocol import SamplingFields
@@ -126,15 +123,15 @@ async def _events(
         async for out in outputs(state, stream):
             if last is None:
                 for choice in shape.opening_choices():
-                    yield sse(chunk([choice]))
+                    yield sse_event(chunk([choice]))
             last = out
             event = chunk([shape.stream_choice(out)])
             if out.finished and out.kv_transfer_params is not None:
                 event["kv_transfer_params"] = out.kv_transfer_params
-            yield sse(event)
+            yield sse_event(event)
         if include_usage and last is not None:
             tokens = usage(last.num_prompt_tokens, last.num_output_tokens, last.num_cached_tokens)
-            yield sse({**head, "choices": [], "usage": tokens})
+            yield sse_event({**head, "choices": [], "usage": tokens})
     except Exception as exc:  # an engine failure mid-stream: tell the client in-band
         yield sse_error(exc)
     yield DONE

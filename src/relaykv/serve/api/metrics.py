@@ -141,7 +141,12 @@ GAUGES: tuple[tuple[str, str, Read], ...] = (
     (
         "vllm:num_requests_waiting",
         "Requests waiting (for admission or for remote KV).",
-        lambda e: len(e.scheduler.waiting) + len(e.scheduler.loading) + len(e.scheduler.ready),
+        lambda e: (
+            len(e.scheduler.waiting)
+            + len(e.scheduler.loading)
+            + len(e.scheduler.ready)
+            + len(e.scheduler.tier_loading)
+        ),
     ),
 )
 # (name, help, EngineMetrics attribute): vLLM's histograms with vLLM's buckets, then ours.
@@ -191,6 +196,58 @@ class EngineCollector(Collector):
         for metric, doc, attr in HISTOGRAMS:
             yield _histogram(metric, doc, name, getattr(engine.metrics, attr))
         yield from self._labelled(engine, name)
+        yield from self._tier(engine, name)
+
+    def _tier(self, engine: LLMEngine, name: list[str]) -> Iterator[Metric]:
+        """The KV tier's families (docs/tier.md "Metrics"); none without a tier. Its hits
+        count in vLLM's external prefix-cache counters and `external_kv_transfer`."""
+        tier = engine.manager.tier
+        if tier is None:
+            return
+        stats, index = tier.stats, tier.index
+        by_direction = (
+            (
+                "relaykv:kv_offload_blocks",
+                "KV blocks copied between the pool and the tier.",
+                stats.blocks_stored,
+                stats.blocks_loaded,
+            ),
+            (
+                "relaykv:kv_offload_failed_jobs",
+                "Tier jobs that failed (a failed load is recomputed).",
+                stats.stores_failed,
+                stats.loads_failed,
+            ),
+        )
+        for metric, doc, stored, loaded in by_direction:
+            family = self._family(CounterMetricFamily, metric, doc, "direction")
+            family.add_metric([*name, "stored"], stored)
+            family.add_metric([*name, "loaded"], loaded)
+            yield family
+        plain = (
+            (
+                CounterMetricFamily,
+                "relaykv:kv_offload_skipped_checkpoints",
+                "Offload boundaries the tier could not take (no room, blocks gone).",
+                stats.checkpoints_skipped,
+            ),
+            (
+                CounterMetricFamily,
+                "relaykv:kv_offload_evicted_blocks",
+                "Tier blocks let go (evicted leaves, dropped checkpoints).",
+                index.evicted_blocks,
+            ),
+            (
+                GaugeMetricFamily,
+                "relaykv:kv_offload_usage_perc",
+                "Fraction of tier slots in use.",
+                index.num_used / index.capacity if index.capacity else 0.0,
+            ),
+        )
+        for kind, metric, doc, reading in plain:
+            family = self._family(kind, metric, doc)
+            family.add_metric(name, reading)
+            yield family
 
     def _labelled(self, engine: LLMEngine, name: list[str]) -> Iterator[Metric]:
         stats, pool = engine.manager.stats, engine.manager.pool

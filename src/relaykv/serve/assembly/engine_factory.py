@@ -154,14 +154,28 @@ def assemble_engine(
         sibling_reach=options.sibling_reach if options.role.in_pd_pair else 0,
         model_name=options.served_model_name or model.name,
         sizing=sizing,
+        kv_offloading_interval=options.kv_offloading_interval,
     )
-    engine = LLMEngine(
-        executor,
-        config,
-        tokenizer=model.tokenizer,
-        eos_token_ids=model.eos_token_ids,
-        vocab_size=model.vocab_size,
-    )
+    tier = None
+    if options.kv_offloading_size is not None:
+        from relaykv.serve.assembly.tier_wiring import build_tier
+
+        tier = build_tier(options, executor)
+    try:
+        engine = LLMEngine(
+            executor,
+            config,
+            tokenizer=model.tokenizer,
+            eos_token_ids=model.eos_token_ids,
+            vocab_size=model.vocab_size,
+            tier=tier,
+        )
+    except ValueError as exc:
+        if tier is not None and "--kv-offloading-interval" in str(exc):
+            tier.shutdown()
+            flag = "--kv-offloading-interval"
+            raise OptionError(flag, str(exc).removeprefix(f"{flag} ")) from None
+        raise
     if options.role.in_pd_pair:
         assert connector_factory is not None
         engine.attach_connector(connector_factory(engine))
@@ -210,6 +224,14 @@ def startup_summary(served: ServedEngine, geometry: Geometry, sizing: CacheSizin
         lines.append(
             f"tokenizer: {served.model.tokenizer_dir} (a Hugging Face directory: "
             "vllm bench serve / bench_serving.py --tokenizer DIR)"
+        )
+    tier = served.engine.manager.tier
+    if tier is not None:
+        lines.append(
+            f"KV tier: {tier.backend.name}, {tier.backend.capacity_blocks} blocks "
+            f"({format_bytes(tier.backend.capacity_blocks * geometry.block_bytes)}) from "
+            f"--kv-offloading-size {o.kv_offloading_size}, checkpoints every "
+            f"{tier.plan.interval} tokens"
         )
     if o.role != "colocated":
         local = o.max_local_prefill_tokens

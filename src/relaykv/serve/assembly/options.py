@@ -72,6 +72,10 @@ class EngineOptions:
     sibling_reach: int = 0  # tokens below a received prompt's end D keeps windows for
     # D: prompt tokens computed locally per step (local requests, failed loads)
     max_local_prefill_tokens: int = DEFAULT_MAX_LOCAL_PREFILL_TOKENS
+    # The KV tier (docs/tier.md): GiB of it (None: no tier), its backend, its interval.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
+    kv_offloading_interval: int | None = None
 
     def __post_init__(self) -> None:
         # Where a --role / --pd-policy string becomes the enum every layer takes; a bad one
@@ -138,6 +142,14 @@ class EngineOptions:
             )
         if not self.kv_lease_seconds > 0:
             raise OptionError("--kv-lease-seconds", f"must be > 0, got {self.kv_lease_seconds}")
+        if self.kv_offloading_size is not None and not self.kv_offloading_size > 0:
+            raise OptionError(
+                "--kv-offloading-size", f"must be > 0 GiB, got {self.kv_offloading_size}"
+            )
+        if self.kv_offloading_interval is not None and self.kv_offloading_interval < 1:
+            raise OptionError(
+                "--kv-offloading-interval", f"must be >= 1, got {self.kv_offloading_interval}"
+            )
 
 
 def _size(text: str) -> int:
@@ -193,6 +205,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     cache.add_argument("--retention", default=AUTO_RETENTION, help=ENGINE_RETENTION_HELP)
     cache.add_argument("--max-num-batched-tokens", type=int, default=2048)
     cache.add_argument("--max-num-seqs", type=int, default=64)
+    tier = parser.add_argument_group("KV tier (docs/tier.md)")
+    tier.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="GiB of KV tier below the pool (vLLM's flag); blocks the pool lets go are kept "
+        "there and loaded back on a hit (default: no tier)",
+    )
+    tier.add_argument(
+        "--kv-offloading-backend",
+        default="native",
+        help="where the tier lives: native (host memory of this engine; default)",
+    )
+    tier.add_argument(
+        "--kv-offloading-interval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens between the tier's sliding-window checkpoints, a multiple of the "
+        "alignment (default: the retention interval, else the alignment)",
+    )
     cache.add_argument(
         "--no-prefix-caching",
         dest="enable_prefix_caching",
@@ -268,6 +302,9 @@ def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
         seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching,
         served_model_name=getattr(args, "served_model_name", None),
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offloading_backend=args.kv_offloading_backend,
+        kv_offloading_interval=args.kv_offloading_interval,
         **_pd_fields(args),
         **extra,
     )

@@ -2,14 +2,18 @@
 
 The connector is built over the engine's cache manager and the model runner's KV page buffer
 (`relaykv.transfer.PDConnector`); the engine factory calls the function returned here once the
-engine exists.
+engine exists. `finish_process` ends a server process whose transport's libraries crash at
+exit (nixl).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +87,25 @@ def kv_buffer_factory(options: EngineOptions) -> Callable[[Geometry, int], Any] 
         return torch.from_numpy(shared.array)
 
     return allocate
+
+
+def finish_process(options: EngineOptions, status: int) -> int:
+    """`status`, for the process to exit with as usual; or, when its KV transport loaded a
+    library that crashes in the C runtime's exit-time destructors
+    (`KVTransport.skips_library_destructors`: nixl), the end of the process here: what a
+    normal exit does first (stop thread pools, join the non-daemon threads: CPython's
+    `threading._shutdown`; run the `atexit` handlers), the standard streams flushed, then
+    `os._exit(status)`. Call it last, from a process's main, after every transport is
+    closed."""
+    if options.role == "colocated":
+        return status
+    if not get_transport(options.kv_transport).skips_library_destructors():
+        return status
+    getattr(threading, "_shutdown")()  # noqa: B009 (private: not in the type stubs)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # What `relaykv up` (the launch layer) needs of the transfer layer, re-exported here because

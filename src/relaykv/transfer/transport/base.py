@@ -97,6 +97,13 @@ class KVTransport(ABC):
         if reason is not None:
             raise TransportUnavailable(f"--kv-transport {cls.name}: {reason}")
 
+    @classmethod
+    def skips_library_destructors(cls) -> bool:
+        """Whether this process, having used the transport, must end without the C
+        libraries' exit-time destructors (one of its libraries crashes in them):
+        `relaykv serve` then runs Python's exit handlers and ends with `os._exit`."""
+        return False
+
     @abstractmethod
     def sender_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions

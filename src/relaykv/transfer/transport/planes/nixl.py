@@ -33,6 +33,8 @@ from relaykv.transfer.transport.planes.base import PendingChunk, ReceiverPlane, 
 from relaykv.transfer.transport.planes.direct import DirectRegistration, DirectWriteSender, Write
 
 INSTALL_HINT = "pip install nixl-cu12==1.5.1 (after torch; see docs/transports.md)"
+# The agents this process created: once there is one, UCX and its modules are loaded.
+_AGENTS: list[str] = []
 
 
 @cache
@@ -50,7 +52,9 @@ def _nixl_api() -> Any:
 def _new_agent(prefix: str) -> Any:
     nixl_agent, nixl_agent_config = _nixl_api()
     name = f"relaykv-{prefix}-{uuid.uuid4().hex}"
-    return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    _AGENTS.append(name)
+    return agent
 
 
 class NixlSink(DirectRegistration, frozen=True):
@@ -225,6 +229,17 @@ class NixlTransport(KVTransport):
         except Exception as exc:  # ImportError, or a backend that fails to load
             return f"nixl is not importable ({exc}); install: {INSTALL_HINT}"
         return None
+
+    @classmethod
+    def skips_library_destructors(cls) -> bool:
+        """True once this process created an agent. nixl-cu12 bundles UCX with its own
+        libibverbs and libnl, but UCX's EFA module links the system's libefa, which brings
+        the system's libibverbs and libnl too (where rdma-core is installed). The two libnl
+        copies share one symbol scope, so at exit the second copy's destructors unregister
+        traffic-control ops that the first copy's list never accepted: SIGSEGV in
+        `rtnl_tc_unregister` after a clean shutdown (exit status 139). Releasing the
+        agents first does not help; the crash is in the C runtime's exit, not in NIXL."""
+        return bool(_AGENTS)
 
     def sender_plane(
         self, buffer: Any, layout: PageLayout, options: TransportOptions

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from relaykv.common.plumbing.child_process import ChildProcess
 from relaykv.transfer.transport.descriptor import KVSourceDescriptor
 from relaykv.transfer.transport.layout import PageLayout
 from relaykv.transfer.transport.registry import (
@@ -141,27 +142,31 @@ class StandalonePeer:
             "--chunk-bytes",
             str(chunk_bytes),
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
+        # Its stderr stays ours: a peer that fails shows its traceback in the test output.
+        self.child = ChildProcess(cmd, pipe=True, stdin=True, own_stderr=True)
+        self.child.start()
         deadline = time.monotonic() + start_timeout_s
         self.descriptor: KVSourceDescriptor | None = None
         while self.descriptor is None:
-            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            line = self.child.readline()
             if not line:
-                raise RuntimeError(f"standalone peer exited early (rc={self.proc.wait()})")
+                raise RuntimeError(f"standalone peer exited early (rc={self.child.finish(10)})")
             if line.startswith(READY):
                 self.descriptor = KVSourceDescriptor.from_json(line[len(READY) :])
             elif time.monotonic() > deadline:
                 raise RuntimeError("standalone peer did not start in time")
 
+    @property
+    def proc(self) -> subprocess.Popen[str]:
+        assert self.child.proc is not None
+        return self.child.proc
+
     def call(self, op: str, **fields: Any) -> Any:
-        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
+        self.child.write(json.dumps({"op": op, **fields}) + "\n")
         while True:
-            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            line = self.child.readline()
             if not line:
-                raise RuntimeError(f"standalone peer died (rc={self.proc.poll()})")
+                raise RuntimeError(f"standalone peer died (rc={self.child.poll()})")
             if line.startswith("RELAYKV-OK "):
                 return json.loads(line[len("RELAYKV-OK ") :])
             if line.startswith("RELAYKV-ERR "):
@@ -176,17 +181,8 @@ class StandalonePeer:
         )
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write('{"op": "exit"}\n')  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-                self.proc.wait(timeout=10)
-            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
+        """Ask it to exit (it closes its server), SIGKILL it after 10 s."""
+        self.child.stop(10, ask=lambda: self.child.write('{"op": "exit"}\n'))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Threat model and what is protected: docs/security.md. In short, every engine of a cluster
 shares one secret (`relaykv up` generates it in a 0600 file; two hosts copy that file, or
-give `--kv-secret-file`); it never appears on a command line. From it two keys are derived:
+give `--kv-secret-file`); it never appears on a command line. From it two keys are derived
+(`relaykv.common.plumbing.derived_keys`, which also derives the KV event stream's CURVE keys):
 
 * the message key: an HMAC-SHA256 over every ZeroMQ control message in both directions (a
   process without the secret, e.g. another local user, cannot make P read, write or
@@ -25,10 +26,10 @@ import os
 import secrets
 from pathlib import Path
 
-from relaykv.common.plumbing.secret_files import PrivateFileError, read_private_file
+from relaykv.common.plumbing.derived_keys import KV_SECRET_ENV as SECRET_ENV
+from relaykv.common.plumbing.derived_keys import derive_key, read_cluster_secret
+from relaykv.common.plumbing.secret_files import PrivateFileError
 
-SECRET_ENV = "RELAYKV_KV_SECRET_FILE"
-MIN_SECRET_CHARS = 32
 MAC_BYTES = 32
 TO_SERVER = b"relaykv/kv/to-server\x00"
 TO_CLIENT = b"relaykv/kv/to-client\x00"
@@ -50,7 +51,7 @@ def write_secret_file(path: str | os.PathLike[str]) -> Path:
 def load_secret_file(path: str | os.PathLike[str]) -> bytes:
     """Read a secret file; refuse one that other users could read or change."""
     try:
-        return read_private_file(path, "KV secret", MIN_SECRET_CHARS)
+        return read_cluster_secret(str(path))
     except PrivateFileError as exc:
         raise SecretError(f"{exc} (`relaykv up` writes one)") from None
 
@@ -62,10 +63,6 @@ def default_secret() -> bytes:
     if path:
         return load_secret_file(path)
     return secrets.token_bytes(32)
-
-
-def derive_key(secret: bytes, purpose: str) -> bytes:
-    return hmac.new(secret, b"relaykv/kv-secret/" + purpose.encode(), hashlib.sha256).digest()
 
 
 class MessageAuth:

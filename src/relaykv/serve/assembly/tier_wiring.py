@@ -1,0 +1,40 @@
+"""`--kv-offloading-*` flags -> the engine's KV tier backend (docs/tier.md).
+
+The tier holds `--kv-offloading-size` GiB // block_bytes blocks of the executor's page
+memory; the backend named by `--kv-offloading-backend` is built over `executor.kv_buffer`
+through `relaykv.transfer.tier.registry`. Bad values raise `OptionError` naming the flag.
+"""
+
+from __future__ import annotations
+
+from relaykv.engine import Executor
+from relaykv.kvcache.tier import TierBackend
+from relaykv.serve.assembly.options import EngineOptions, OptionError
+from relaykv.transfer.tier.base import TierRequest
+from relaykv.transfer.tier.registry import factory
+
+GIB = 1 << 30
+
+
+def tier_blocks(size_gib: float, block_bytes: int) -> int:
+    """Blocks a tier of `size_gib` GiB holds (raises OptionError below one block)."""
+    blocks = int(size_gib * GIB) // block_bytes
+    if blocks < 1:
+        raise OptionError(
+            "--kv-offloading-size",
+            f"{size_gib} GiB holds no block of {block_bytes} bytes",
+        )
+    return blocks
+
+
+def build_tier(options: EngineOptions, executor: Executor) -> TierBackend:
+    assert options.kv_offloading_size is not None
+    try:
+        make = factory(options.kv_offloading_backend)
+    except ValueError as exc:
+        raise OptionError("--kv-offloading-backend", str(exc)) from None
+    if executor.kv_buffer is None:
+        raise OptionError("--kv-offloading-size", "this executor has no KV pages to offload")
+    geometry = executor.geometry
+    capacity = tier_blocks(options.kv_offloading_size, geometry.block_bytes)
+    return make(TierRequest(executor.kv_buffer, geometry, capacity))

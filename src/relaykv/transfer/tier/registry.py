@@ -1,0 +1,43 @@
+"""`--kv-offloading-backend` names -> tier backend factories (docs/tier.md).
+
+A backend registers `name -> "module:function"`, imported on use so a missing optional
+library never breaks the others; the function takes a `TierRequest` and returns a
+`relaykv.kvcache.tier.TierBackend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from relaykv.kvcache.tier import TierBackend
+from relaykv.transfer.tier.base import TierFactory, TierRequest
+
+DEFAULT_BACKEND = "native"
+
+_BACKENDS: dict[str, str] = {
+    "native": "relaykv.transfer.tier.host:host_tier",
+}
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def register(name: str, target: str) -> None:
+    """Add a backend: `target` is "module:function" (a `TierFactory`)."""
+    _BACKENDS[name] = target
+
+
+def factory(name: str) -> TierFactory:
+    try:
+        module_name, func = _BACKENDS[name].split(":")
+    except KeyError:
+        raise ValueError(
+            f"unknown KV offloading backend {name!r}; choose from {', '.join(_BACKENDS)}"
+        ) from None
+    made: TierFactory = getattr(importlib.import_module(module_name), func)
+    return made
+
+
+def build_backend(name: str, request: TierRequest) -> TierBackend:
+    return factory(name)(request)

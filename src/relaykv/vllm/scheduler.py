@@ -1,0 +1,123 @@
+"""`relaykv.vllm.Scheduler`: vLLM 0.33's scheduler with relaykv's cache (docs/vllm.md).
+
+`--scheduler-cls relaykv.vllm.Scheduler` selects it. Under `pd_policy=legacy` it is vLLM's
+scheduler, untouched (the A/B baseline). Under every other policy it replaces the scheduler's
+`KVCacheManager` by `RelayKVCacheManager` (every cache decision from `relaykv.kvcache`) and,
+after each step, commits what the step computed (relaykv keys blocks once their KV is
+written, docs/design.md §6). Everything else (queues, budgets, preemption, the connector's
+protocol, outputs, metrics) is vLLM's own code.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+
+from relaykv.vllm.manager import RelayKVCacheManager
+from relaykv.vllm.options import PluginOptions
+from relaykv.vllm.specs import geometry_from_kv_cache_config
+
+
+def unsupported_settings(vllm_config: Any) -> list[str]:
+    """vLLM settings the relaykv cache manager does not implement (it refuses them)."""
+    problems = []
+    if vllm_config.parallel_config.decode_context_parallel_size > 1:
+        problems.append("decode context parallelism")
+    if vllm_config.scheduler_config.watermark:
+        problems.append("--watermark")
+    if vllm_config.num_hash_lookahead_tokens:
+        problems.append(
+            "EAGLE lookahead block hashes (relaykv's successor keys are its own; set "
+            "disable_lookahead_block_hashes)"
+        )
+    if getattr(vllm_config, "aux_output_config", None) and vllm_config.aux_output_config.enabled:
+        problems.append("aux output connectors")
+    return problems
+
+
+class Scheduler(VllmScheduler):
+    """vLLM's scheduler; under a relaykv policy its KV cache manager is relaykv's."""
+
+    kv_cache_manager: Any  # vLLM's KVCacheManager, or RelayKVCacheManager (a subclass)
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        self.relaykv_options = PluginOptions.from_vllm_config(vllm_config)
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        self.relaykv: RelayKVCacheManager | None = None
+        # Finished requests whose blocks an in-flight step may still write (async
+        # scheduling or PP on a kv_consumer): released once that step is processed.
+        self._relaykv_deferred: deque[tuple[int, Any]] = deque()
+        if self.relaykv_options.legacy:
+            return  # stock vLLM, for A/B
+        problems = unsupported_settings(vllm_config)
+        if problems:
+            raise ValueError(
+                f"relaykv.vllm (pd_policy={self.relaykv_options.pd_policy.value}) does not "
+                f"support {'; '.join(problems)}; use pd_policy=legacy for stock vLLM"
+            )
+        geometry = geometry_from_kv_cache_config(
+            kv_cache_config, eagle=self.use_eagle_block_drop
+        ).with_eagle_reuse(self.relaykv_options.eagle_reuse)
+        if geometry.alignment != self.block_size:
+            raise ValueError(
+                f"relaykv.vllm: vLLM's scheduler block size {self.block_size} is not the lcm "
+                f"{geometry.alignment} of the group block sizes"
+            )
+        self.relaykv = RelayKVCacheManager(
+            self.kv_cache_manager,
+            geometry,
+            self.relaykv_options,
+            max_in_flight_tokens=vllm_config.max_in_flight_tokens,
+            in_pd_pair=vllm_config.kv_transfer_config is not None,
+        )
+        self.kv_cache_manager = self.relaykv
+        if self.connector is not None:
+            self.connector.bind_kv_cache_manager(self.relaykv)
+
+    def _free_request_blocks(self, request: Any) -> None:
+        if self.relaykv is None or self._request_blocks_can_be_freed(request):
+            return super()._free_request_blocks(request)
+        if request.is_finished():
+            self._relaykv_deferred.append((self.sched_step_seq, request))
+        else:
+            # A preemption: relaykv returns its blocks now (vLLM would hold them a step).
+            self.kv_cache_manager.free(request)
+
+    def _drain_deferred_frees(self) -> None:
+        super()._drain_deferred_frees()
+        while self._relaykv_deferred and self._relaykv_deferred[0][0] <= self.processed_step_seq:
+            _, request = self._relaykv_deferred.popleft()
+            self.kv_cache_manager.free(request)
+
+    def _handle_blocked_waiting_request(self, request: Any) -> bool:
+        relay = self.relaykv
+        if (
+            relay is not None
+            and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            and request.request_id in self.finished_recving_kv_req_ids
+        ):
+            # The connector reported this request's own transfer; relaykv delivers the
+            # load once every shared transfer it waits on has ended too (§7).
+            ok = request.request_id not in self.failed_recving_kv_req_ids
+            if not relay.own_transfer_ended(request, ok):
+                return False
+        return super()._handle_blocked_waiting_request(request)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        relay = self.relaykv
+        if relay is not None:
+            # The step's KV is written: key it and slide the windows (§6). Finished
+            # requests were committed when vLLM freed them.
+            for request_id in scheduler_output.num_scheduled_tokens:
+                request = self.requests.get(request_id)
+                if request is not None and not request.is_finished():
+                    relay.commit_step(request)
+        return outputs

@@ -1,0 +1,45 @@
+"""The decode-side reuse rule (design §7 `per-group`): which held blocks D reuses, and how
+many prompt tokens that covers in every full group."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relaykv.kvcache import CacheRequest, CacheRole, rules_for
+from relaykv.kvcache.decode_loads import reusable_blocks, reused_indices, tokens_local_in
+
+from .conftest import geometry, tokens
+
+
+def test_reused_indices_keep_held_blocks_and_under_the_peek_only_proven_ones() -> None:
+    found = np.array([5, 0, 7, 9, 0, 3], dtype=np.int64)  # blocks 2..7
+    assert reused_indices(found, 2, 8, 0).tolist() == [2, 4, 5, 7]
+    # Peek: block k is reused only when block k+1 is held too; found has one past stop.
+    assert reused_indices(found, 2, 7, 1).tolist() == [4]
+    # Without the probe past stop (the prompt ends there) the last block is not proven.
+    assert reused_indices(found[:5], 2, 7, 1).tolist() == [4]
+    assert reused_indices(found[:0], 3, 3, 1).tolist() == []
+
+
+def test_tokens_local_in_counts_units_reused_in_every_full_group() -> None:
+    rules = rules_for(geometry("full:16", "full:32", "sliding:16:64"))
+    local = [np.array([0, 1, 2]), np.array([0]), np.array([], dtype=np.int64)]
+    # Units of 16 tokens: group 0 covers 0..47, group 1 covers 0..31; sliding is ignored.
+    assert tokens_local_in(rules, 16, local, 100) == 32
+    # Never the whole prompt: the last token is always computed.
+    assert tokens_local_in(rules, 16, local, 32) == 31
+    only_sliding = rules_for(geometry("sliding:16:64"))
+    assert tokens_local_in(only_sliding, 16, [np.array([1])], 64) == 16
+    assert tokens_local_in(rules, 16, local, 10) == 0
+
+
+def test_reusable_blocks_maps_reused_indices_to_the_engine_s_block_ids() -> None:
+    geo = geometry("full:16", draft=0)
+    rules = rules_for(geo)
+    (rule,) = rules
+    req = CacheRequest("r", tokens(80), rules, geo.hash_unit, role=CacheRole.DECODE)
+    keys = req.keys(0)
+    gmap = {keys[0]: 11, keys[1]: 12, keys[3]: 14, keys[4]: 15}
+    # The draft group under the EAGLE drop: block 1 lacks its successor, block 4 is last.
+    assert reusable_blocks(req, rule, gmap, range(0, 5)) == {0: 11, 3: 14}
+    assert reusable_blocks(req, rule, gmap, range(5, 5)) == {}

@@ -1,0 +1,25 @@
+"""A pytest plugin that runs vLLM 0.33.0's own unit tests with relaykv.vllm switched on
+(tools/vllm_own_tests.sh; docs/vllm.md "vLLM's own tests").
+
+`-p tests.vllm.own_suite_plugin` replaces, before vLLM's test modules import them,
+`vllm.v1.core.sched.scheduler.Scheduler` by `relaykv.vllm.Scheduler` (its configs carry no
+relaykv settings, so the default `per-group` policy and relaykv's cache manager are on) and
+the `NixlConnector` of vLLM's connector registry by `RelayKVConnector`. Tests that build
+vLLM's `KVCacheManager` or coordinators directly do not go through the scheduler; they run
+unchanged and say nothing about the plugin.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import vllm.v1.core.sched.scheduler as scheduler_module
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from relaykv.vllm.connector import RelayKVConnector
+    from relaykv.vllm.scheduler import Scheduler
+
+    scheduler_module.Scheduler = Scheduler  # type: ignore[misc]
+    KVConnectorFactory._registry["NixlConnector"] = lambda: RelayKVConnector

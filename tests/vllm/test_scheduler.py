@@ -1,0 +1,90 @@
+"""The seam: `relaykv.vllm.Scheduler` is vLLM's scheduler, with relaykv's cache manager
+under a relaykv policy and untouched under `legacy` (relaykv/vllm/scheduler.py, manager.py,
+connector.py, events.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.vllm.conftest import SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+
+from relaykv.kvcache.geometry import preset
+from relaykv.vllm.manager import RelayKVCacheManager
+from relaykv.vllm.probe import (
+    EngineSpec,
+    StandInWorker,
+    _request,
+    _run_to_end,
+    build_scheduler,
+)
+
+
+def _engine(model_dirs, policy: str, role: str | None = None, **kw):
+    spec = EngineSpec(preset("gpt-oss-like"), {"pd_policy": policy}, role, "E", 512, 4096, **kw)
+    return build_scheduler(spec, model_dirs)
+
+
+def test_legacy_keeps_vllm_s_own_cache_manager(model_dirs) -> None:
+    s = _engine(model_dirs, "legacy", "kv_consumer")
+    assert type(s.kv_cache_manager) is VllmKVCacheManager and s.relaykv is None
+    assert s.connector.connector_scheduler.relay is None
+
+
+@pytest.mark.parametrize("policy", ["replay-slack", "exact", "per-group"])
+def test_a_relaykv_policy_puts_relaykv_behind_vllm_s_manager(model_dirs, policy) -> None:
+    s = _engine(model_dirs, policy, "kv_consumer")
+    assert isinstance(s.kv_cache_manager, RelayKVCacheManager)
+    assert s.kv_cache_manager.relay.pd_policy.value == policy
+    # The connector's scheduler half takes its block lists from the same manager.
+    assert s.connector.connector_scheduler.relay is s.kv_cache_manager
+
+
+def test_a_bad_policy_names_the_key(model_dirs) -> None:
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config\.pd_policy"):
+        _engine(model_dirs, "magic", "kv_consumer")
+    with pytest.raises(ValueError, match=r"additional_config\.relaykv\.pd_policy"):
+        _engine(model_dirs, "magic")
+
+
+def test_settings_the_manager_does_not_implement_are_refused(model_dirs) -> None:
+    with pytest.raises(ValueError, match="--watermark"):
+        _engine(model_dirs, "per-group", scheduler_options={"watermark": 0.01})
+    # legacy is stock vLLM: everything vLLM supports
+    assert _engine(model_dirs, "legacy", scheduler_options={"watermark": 0.01})
+    # async scheduling (vLLM's default on a GPU) runs: frees wait for the in-flight step
+    assert _engine(
+        model_dirs, "per-group", "kv_consumer", scheduler_options={"async_scheduling": True}
+    )
+
+
+def test_kv_events_keep_vllm_s_format(model_dirs) -> None:
+    s = _engine(model_dirs, "per-group", kv_events=True)
+    batches = []
+    s.kv_event_publisher.publish = batches.append
+    worker = StandInWorker(s)
+    prompt = list(range(1, 301))
+    s.add_request(_request("a", prompt, None, 16))
+    _run_to_end(worker, "a")
+    events = [e for batch in batches for e in batch.events]
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert {e.group_idx for e in stored} == {0, 1}
+    full = [e for e in stored if e.group_idx == 0]
+    assert all(e.kv_cache_spec_kind == "full_attention" for e in full)
+    sliding = [e for e in stored if e.group_idx == 1]
+    assert all(e.kv_cache_spec_sliding_window == 128 for e in sliding)
+    # The full group keys every full prompt block, with the tokens and the parent chain.
+    assert sum(len(e.block_hashes) for e in full) == 300 // 16
+    assert full[0].token_ids == prompt[: 16 * len(full[0].block_hashes)]
+    assert full[0].parent_block_hash is None and full[0].block_size == 16
+    s.kv_cache_manager.evict_blocks(
+        {s.kv_cache_manager.relay.pool.maps[0][full[0].block_hashes[0]]}
+    )
+    assert s.reset_prefix_cache()
+    events = s.kv_cache_manager.take_events()
+    assert isinstance(events[0], BlockRemoved) and events[0].group_idx == 0
+    assert isinstance(events[-1], AllBlocksCleared)
