@@ -20,7 +20,9 @@ be worth `gc.freeze()`). The request has
 the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 of the prompt
 in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
 real work. Prefill engines are scored with the prefill cap, decode engines with the
-`per-group` plan's local reuse. Goal: >= 1,000 decisions/s.
+`per-group` plan's local reuse; a decode decision then applies conditional disaggregation's
+rule on the chosen engine (`Routing.decide_path`: kvcache's hybrid lookup of a local request
+there, 7/8 of the prompt, so the request goes through P). Goal: >= 1,000 decisions/s.
 
 Converting, hashing and the decode engines' holders pass run in kvcache's optional C
 accelerator when it is built (`relaykv.kvcache.accel`); `--no-accel` measures the
@@ -125,6 +127,8 @@ def decisions_per_s(
         # on a shared machine.
         t0 = time.perf_counter()
         choice = routing.pick(pool, set(), Prompt(tokens, chains=routing.prompts.chains))
+        if role == "decode" and choice is not None:
+            assert not routing.decide_path(choice).local  # a suffix of 8,192 tokens
         chosen = choice.backend if choice is not None else None
         t1 = time.perf_counter()
         req = indexes[0].request(prompt)

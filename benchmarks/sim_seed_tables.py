@@ -7,7 +7,9 @@ prefix, groups c1/output1 (8 requests), c8/output1 (40), c8/output128 (40), each
 cluster after one same-prefix warmup; and the 64k generated-shared-prefix stress (10 groups x
 32 prompts, 64-token questions, 1,500 output tokens, c64, one warmup) on dsv4-flash. Every
 policy, plus, on prefix_repetition, `legacy` with `--prefill-prefix-caching off` (the lower
-bound of the report's baseline image, see the docs).
+bound of the report's baseline image, see the docs), and `per-group` under the router's
+conditional disaggregation (docs/routing.md): with the max suffix of the cost estimate from the
+presets ("conditional") and with relaykv router's default of 512 tokens ("conditional 512").
 Prints markdown tables with the report's published numbers side by side and writes JSON + one
 PNG per table into --output-dir.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from relaykv.common.workloads import arrival_offsets
@@ -154,6 +157,11 @@ def run_table(name: str, argv: list[str], out: Path, image: bool) -> tuple[list[
     base = cluster_spec(args, model, hw, link, requests, argparse.ArgumentParser())
     t0 = time.perf_counter()
     results = [simulate(base, p, requests, offsets, args) for p in POLICIES]
+    for label, max_suffix in (("conditional", None), ("conditional 512", 512)):
+        spec = replace(base, disaggregation="conditional", conditional_max_suffix=max_suffix)
+        results.append(simulate(spec, "per-group", requests, offsets, args))
+        results[-1]["pd_policy"] = label
+        results[-1]["max_suffix"] = spec.conditional_rule().max_suffix
     if image:
         off = _args([*argv, "--prefill-prefix-caching", "off"])
         spec = cluster_spec(off, model, hw, link, requests, argparse.ArgumentParser())
@@ -177,6 +185,8 @@ def _fmt(value: float | None, key: str) -> str:
 def table(setup: str, group: str, results: list[dict]) -> str:
     seed = SEED.get((setup, group), {})
     keys = list(seed) or ["mean_ttft_ms", "p99_ttft_ms"]
+    if group != "stress" and "mean_tpot_ms" not in keys and group.endswith("output128"):
+        keys.append("mean_tpot_ms")
     for extra in ("d_local_hit_share",):
         if extra not in keys:
             keys.append(extra)
@@ -193,6 +203,11 @@ def table(setup: str, group: str, results: list[dict]) -> str:
         f"{r['d_kv_bytes_received'] / 1e6 / max(1, r['completed']):.1f}" for r in results
     )
     lines.append(f"| D MB received / request | - | - | {mb} |")
+    local = " | ".join(
+        f"{r['local_requests']} (max suffix {r['max_suffix']})" if "max_suffix" in r else "-"
+        for r in results
+    )
+    lines.append(f"| local requests (conditional) | - | - | {local} |")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """`relaykv demo`: the README's first command runs the cache probe, then an A/B/A of legacy
-against per-group with the probe on each cluster (the runs themselves are tested in
+against per-group with the probe on each cluster (every request through P), then one of
+`--disaggregation always` against `conditional` (the runs themselves are tested in
 tests/bench with a stub cluster and in tests/serve with real ones)."""
 
 from __future__ import annotations
@@ -14,13 +15,25 @@ def test_demo_runs_cache_probe_then_legacy_vs_per_group(monkeypatch, tmp_path) -
     monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
     args = argparse.Namespace(quick=True, output_dir=str(tmp_path))
     assert demo.run(args) == 0
-    probe, ab = calls
+    probe, ab, conditional = calls
     assert probe[0] == "cache-probe" and "full:16,sliding:16:64" in probe
     assert ab[:2] == ["bench", "ab"] and "--probe" in ab
-    assert "legacy=--pd-policy legacy" in ab and "per-group=--pd-policy per-group" in ab
+    assert "legacy=--pd-policy legacy --disaggregation always" in ab
+    assert "per-group=--pd-policy per-group --disaggregation always" in ab
     groups = ab[ab.index("--groups") + 1 : ab.index("--prefix-len")]
     assert [g.split(":")[0] for g in groups] == ["c1/output1", "c8/output1", "c8/output32"]
     assert "tiny-hybrid" in ab[ab.index("--up-cmd") + 1]
+    _is_the_conditional_ab(conditional, ab)
+
+
+def _is_the_conditional_ab(conditional: list[str], ab: list[str]) -> None:
+    assert conditional[:2] == ["bench", "ab"] and "--probe" not in conditional
+    assert "always=--pd-policy per-group --disaggregation always" in conditional
+    assert "conditional=--pd-policy per-group --disaggregation conditional" in conditional
+    groups = conditional[conditional.index("--groups") + 1 : conditional.index("--prefix-len")]
+    assert [g.rsplit(":", 1)[0] for g in groups] == ["c1/output1", "gsp:c4/output32"]
+    assert conditional[conditional.index("--output-dir") + 1].endswith("conditional")
+    assert conditional[conditional.index("--up-cmd") + 1] == ab[ab.index("--up-cmd") + 1]
 
 
 def test_gemma_demo_runs_with_its_draft_then_a_link_shaped_ab(monkeypatch, tmp_path) -> None:
@@ -30,13 +43,15 @@ def test_gemma_demo_runs_with_its_draft_then_a_link_shaped_ab(monkeypatch, tmp_p
     monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
     monkeypatch.setattr(relaykv.model, "is_installed", lambda name: name == "gemma3-270m")
     assert demo.run(argparse.Namespace(quick=False, output_dir=str(tmp_path))) == 0
-    probe, ab, link = calls
+    probe, ab, link, conditional = calls
+    _is_the_conditional_ab(conditional, ab)
     assert probe[probe.index("--draft") + 1] == "0"  # the draft layer's group
     up = ab[ab.index("--up-cmd") + 1]
     assert "gemma3-270m" in up and "--speculative-tokens 1" in up
     assert "--probe" in ab and "--probe" not in link
-    assert "legacy=--pd-policy legacy --kv-transport tcp --kv-link-gbps 10" in link
-    assert "per-group=--pd-policy per-group --kv-transport tcp --kv-link-gbps 10" in link
+    flags = "--disaggregation always --kv-transport tcp --kv-link-gbps 10"
+    assert f"legacy=--pd-policy legacy {flags}" in link
+    assert f"per-group=--pd-policy per-group {flags}" in link
     assert link[link.index("--groups") + 1].startswith("c1/output1:")
     assert link[link.index("--output-dir") + 1].endswith("link-10gbps")
     # The link part's longer shared prefix fits its engines' --max-model-len.

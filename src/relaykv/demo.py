@@ -12,6 +12,11 @@
    (`--kv-transport tcp --kv-link-gbps 10`) with a longer shared prefix (6,144 tokens): what
    per-group's byte savings are worth in time between two hosts on 10 GbE
    (docs/transports.md).
+4. An A/B/A of conditional disaggregation (docs/routing.md) against every sibling through P
+   (`--disaggregation always`), per-group: c1/output1 siblings and generated-shared-prefix
+   streams at c4/output32, with the P99 inter-token latency and a check that the greedy
+   outputs agree. Steps 2 and 3 run with `--disaggregation always`: they compare the P/D
+   policies' loads.
 
 The real model is Gemma-3-270M from its PyPI package (a true hybrid: 5 sliding : 1 full,
 W=512) with its shipped EAGLE draft (`relaykv.model.drafts`; the report's setting: a hybrid
@@ -48,6 +53,7 @@ class DemoScale:
     prefix_len: int
     groups: tuple[str, ...]
     geometry_flags: tuple[str, ...]  # the model's KV geometry, for cache-probe
+    conditional_groups: tuple[str, ...]  # always vs conditional disaggregation
     link: LinkPart | None = None  # the link-shaped A/B/A (None: skipped)
 
 
@@ -55,12 +61,23 @@ class DemoScale:
 # the A1/A2 spread of mean TTFT stays small next to the changes (docs/benchmarking.md, "Noise
 # and the demo's history", states the spreads measured).
 LINK_FLAGS = "--kv-transport tcp --kv-link-gbps 10"
+# The P/D policies compared with every request through P (what they differ in is D's loads),
+# then conditional disaggregation against that (docs/routing.md).
+POLICY_CONFIGS = (
+    "legacy=--pd-policy legacy --disaggregation always",
+    "per-group=--pd-policy per-group --disaggregation always",
+)
+DISAGGREGATION_CONFIGS = (
+    "always=--pd-policy per-group --disaggregation always",
+    "conditional=--pd-policy per-group --disaggregation conditional",
+)
 QUICK = DemoScale(
     "tiny-hybrid",
     "--speculative-tokens 2 --num-blocks 2000 --max-model-len 6144",
     4096,
     ("c1/output1:4", "c8/output1:16", "c8/output32:16"),
     ("--groups", "full:16,sliding:16:64", "--draft", "0"),  # tiny-hybrid with its EAGLE draft
+    ("c1/output1:16", "gsp:c4/output32:16"),
 )
 REAL = DemoScale(
     "gemma3-270m",
@@ -74,12 +91,13 @@ REAL = DemoScale(
     # Gemma-3-270M as the engine groups it: 3 full layers + the EAGLE draft layer (group 0,
     # marked draft), 5 page-balanced sliding groups.
     ("--groups", "full:16," + ",".join(["sliding:16:512"] * 5), "--draft", "0"),
+    ("c1/output1:16", "gsp:c4/output32:16"),
     # A 6,144-token shared prefix: legacy then sends D 66 MB a request (53 ms on a 10 Gbit/s
     # link, plus the tcp transport's copies and checksums), per-group about 2.6 MB, while the
     # engines' compute per request barely grows (P computes the 64-token suffix either way);
     # at 3,072 tokens the saving was close to the A1/A2 spread (docs/benchmarking.md, "The
     # link part").
-    LinkPart(
+    link=LinkPart(
         ("c1/output1:24",), 6144, "--speculative-tokens 1 --num-blocks 2400 --max-model-len 8192"
     ),
 )
@@ -116,31 +134,41 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) / time.strftime("%Y%m%d-%H%M%S")
     say(f"model {scale.model}; results in {out}")
 
-    steps = 3 if scale.link else 2
+    # (what it shows, bench ab argv, output directory)
+    parts = [(
+        "A/B/A: legacy vs per-group on fresh local P/D clusters (shm), probe first",
+        _ab_argv(scale, scale.extra_flags, scale.groups, scale.prefix_len, POLICY_CONFIGS,
+                 probe=True),
+        out,
+    )]
+    if scale.link:
+        link = scale.link
+        parts.append((
+            f"the same over a 10 Gbit/s link-shaped tcp transport ({LINK_FLAGS}), "
+            f"{link.prefix_len:,}-token shared prefix",
+            _ab_argv(scale, link.extra_flags, link.groups, link.prefix_len,
+                     tuple(f"{c} {LINK_FLAGS}" for c in POLICY_CONFIGS)),
+            out / "link-10gbps",
+        ))
+    parts.append((
+        "A/B/A: every sibling through P (always) vs conditional disaggregation (the decode "
+        "engine prefills short suffixes itself), per-group",
+        _ab_argv(scale, scale.extra_flags, scale.conditional_groups, scale.prefix_len,
+                 DISAGGREGATION_CONFIGS),
+        out / "conditional",
+    ))
+    steps = len(parts) + 1
     say(f"1/{steps} what the cache predicts for {scale.model}'s geometry (relaykv cache-probe)")
     probe_len = str(scale.prefix_len + 16)  # the probe's x+a below
     relaykv(["cache-probe", *scale.geometry_flags, "--prompt-len", probe_len])
-
-    say(f"2/{steps} A/B/A: legacy vs per-group on fresh local P/D clusters (shm), probe first")
-    shm = _ab_argv(scale, scale.extra_flags, scale.groups, scale.prefix_len, "", probe=True)
-    code = relaykv([*shm, "--output-dir", str(out)])
-    if code != 0:
-        say(f"the A/B/A run failed (exit status {code}); cluster logs are in {out}")
-        return code
-    tables = [out / "ab_table.md"]
-    if scale.link:
-        link_out = out / "link-10gbps"
-        say(
-            f"3/3 the same over a 10 Gbit/s link-shaped tcp transport ({LINK_FLAGS}), "
-            f"{scale.link.prefix_len:,}-token shared prefix"
-        )
-        link = scale.link
-        argv = _ab_argv(scale, link.extra_flags, link.groups, link.prefix_len, LINK_FLAGS, False)
-        code = relaykv([*argv, "--output-dir", str(link_out)])
+    tables = []
+    for step, (what, argv, where) in enumerate(parts, start=2):
+        say(f"{step}/{steps} {what}")
+        code = relaykv([*argv, "--output-dir", str(where)])
         if code != 0:
-            say(f"the link A/B/A failed (exit status {code}); cluster logs are in {link_out}")
+            say(f"the A/B/A run failed (exit status {code}); cluster logs are in {where}")
             return code
-        tables.append(link_out / "ab_table.md")
+        tables.append(where / "ab_table.md")
     minutes = (time.monotonic() - started) / 60
     say(
         f"done in {minutes:.1f} min. Tables: {', '.join(map(str, tables))}; plots: "
@@ -154,17 +182,15 @@ def _ab_argv(
     engine_flags: str,
     groups: tuple[str, ...],
     prefix_len: int,
-    transport: str,
-    probe: bool,
+    configs: tuple[str, ...],
+    probe: bool = False,
 ) -> list[str]:
     up = f"{shlex.quote(sys.executable)} -m relaykv up --model {scale.model} {engine_flags}"
-    flags = f" {transport}" if transport else ""
     argv = [
         "bench",
         "ab",
         "--configs",
-        f"legacy=--pd-policy legacy{flags}",
-        f"per-group=--pd-policy per-group{flags}",
+        *configs,
         "--up-cmd",
         up,
         "--groups",

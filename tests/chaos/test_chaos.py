@@ -1,7 +1,8 @@
 """Chaos suite (issue #10): one supervised `relaykv up` cluster (2 prefill + 2 decode engines,
 shm transport, an API key from a file) on tiny-hybrid, and every fault in turn: forged grants,
 another user at the transfer port and the shared memory, oversized and malformed bodies,
-client disconnects, a SIGSTOPped prefill engine, kill -9 of each member type under load, and
+client disconnects, a SIGSTOPped prefill engine, kill -9 of each member type under load, kill
+-9 of a decode engine while it prefills local requests (conditional disaggregation), and
 SIGTERM under load. After each: greedy outputs unchanged, no request lost where a retry is
 possible, no KV block and no /dev/shm file leaked. docs/security.md has the figures."""
 
@@ -220,6 +221,41 @@ def test_kill9_under_load(cluster: UpCluster, role: str) -> None:
     wait_until(lambda: _all_in_rotation(cluster), timeout=30, interval=0.05,
                what="the router to route to every engine again")
     _unchanged(cluster)
+
+
+def _paths(up: UpCluster) -> dict[str, int]:
+    body = httpx.get(f"{up.router}/routing", headers=AUTH, timeout=5).json()
+    return body["disaggregation"]["paths"]
+
+
+@pytest.mark.exclusive  # as the other kills
+def test_kill9_of_a_decode_engine_while_local_requests_run(cluster: UpCluster) -> None:
+    """`relaykv up` runs conditional disaggregation: siblings of a prefix the decode engines
+    hold are prefilled there (local requests). One decode engine killed while they run:
+    every request completes (a local one whose engine died goes through P to the other),
+    with the greedy tokens of the quiet run, and nothing leaks."""
+    prompts = _prompts(24, 11)
+    quiet = asyncio.run(run_load(cluster.router, prompts, 4, max_tokens=24, headers=AUTH))
+    assert all(o.status == 200 for o in quiet), [o.error for o in quiet]
+    before = _paths(cluster)
+    victim = cluster.info["decode"][1]
+
+    async def load_with_kill() -> tuple[list, int]:
+        load = asyncio.ensure_future(
+            run_load(cluster.router, prompts, 8, max_tokens=24, headers=AUTH)
+        )
+        await asyncio.sleep(0.5)
+        pid = cluster.kill(victim)
+        return await load, pid
+
+    outcomes, pid = asyncio.run(load_with_kill())
+    assert [o.status for o in outcomes] == [200] * len(prompts), [o.error for o in outcomes]
+    assert [o.token_ids for o in outcomes] == [o.token_ids for o in quiet]
+    assert _paths(cluster)["local"] > before["local"]  # the siblings ran on D
+    cluster.wait_healthy(victim, timeout=60, not_pid=pid)
+    wait_until(lambda: _all_in_rotation(cluster), timeout=30, interval=0.05,
+               what="the router to route to every engine again")
+    _unchanged(cluster)  # outputs, no request or KV block left on any engine, no shm file
 
 
 def _all_in_rotation(up: UpCluster) -> bool:

@@ -111,3 +111,74 @@ def test_unknown_policy_and_empty_prompt() -> None:
         pd_plan(geometry("full:16"), "magic", 10)
     with pytest.raises(ValueError):
         pd_plan(geometry("full:16"), "exact", 0)
+
+
+def _received_then_sibling(reach: int, sibling_suffix: int) -> int:
+    """D receives prefix + 64 tokens from P under `per-group` with sibling reach `reach`, then
+    computes a sibling (same 1,536-token prefix, a new suffix) itself: its local hit."""
+    from relaykv.kvcache import CacheRole, KVCacheManager
+
+    from .conftest import tokens
+
+    geo = geometry("full:16", "sliding:16:64")
+    p = KVCacheManager(geo, 2048, pd_policy="per-group", pd_role=True, retention="dense",
+                       sibling_reach=reach)
+    d = KVCacheManager(geo, 2048, pd_policy="per-group", pd_role=True, sibling_reach=reach)
+    prefix = tokens(1536)
+    parent = [*prefix, *range(3, 67)]
+    p_req = p.add_request("p", parent, role=CacheRole.PREFILL)
+    assert p.admit(p_req, budget=4096) is not None
+    p.commit(p_req, len(parent))
+    held = p.hold_for_transfer(p_req)
+    d_req = d.add_request("d", parent, role=CacheRole.DECODE)
+    load = d.receive(d_req)
+    assert load is not None and [len(x) for x in held] == [len(r) for r in load.plan.held]
+    d.load_finished(load, ok=True)
+    d.release(d_req)
+    sibling = d.add_request("s", [*prefix, *range(100, 100 + sibling_suffix)])
+    admission = d.admit(sibling, budget=4096)
+    assert admission is not None
+    return admission.start
+
+
+def test_sibling_reach_keeps_the_windows_a_sibling_resumes_at() -> None:
+    # Without reach D holds only the window of N-1: a sibling diverging at 1,536 hits nothing.
+    assert _received_then_sibling(0, 64) == 0
+    # With reach >= the parent's suffix, D holds the window at 1,536: the sibling hits it.
+    assert _received_then_sibling(128, 64) == 1536
+    assert _received_then_sibling(128, 1200) == 1536
+    # The plan only widens the non-prefix-closed groups, by the reach.
+    geo = geometry("full:16", "sliding:16:64")
+    plain, wide = pd_plan(geo, "per-group", 1600), pd_plan(geo, "per-group", 1600, 128)
+    assert plain.held[0] == wide.held[0] == range(0, 100)
+    # Position 1599 reads from 1536 (block 96); 1599 - 128 = 1471 reads from 1408 (block 88).
+    assert (plain.held[1], wide.held[1]) == (range(96, 100), range(88, 100))
+    assert pd_slack_tokens(geo, "per-group", 128)[1] > pd_slack_tokens(geo, "per-group")[1]
+    with pytest.raises(ValueError, match="sibling reach"):
+        pd_plan(geo, "per-group", 1600, -1)
+
+
+def test_a_prefill_engine_attaches_the_reach_blocks_it_still_caches() -> None:
+    """With a sibling reach P must hold more window blocks; when its cache still has them
+    (dense retention keys every window) it attaches them instead of recomputing from lower."""
+    from relaykv.kvcache import CacheRole, KVCacheManager
+    from relaykv.kvcache.pd_plan import prefill_hit_cap
+
+    from .conftest import tokens
+
+    geo = geometry("full:16", "sliding:16:64")
+    prefix = tokens(1536)
+    p = KVCacheManager(geo, 2048, pd_policy="per-group", pd_role=True, retention="dense",
+                       sibling_reach=128)
+    for i, tail in enumerate((range(3, 67), range(100, 164))):
+        req = p.add_request(f"p{i}", [*prefix, *tail], role=CacheRole.PREFILL)
+        admission = p.admit(req, budget=4096)
+        assert admission is not None
+        p.commit(req, req.num_prompt_tokens)
+        held = p.hold_for_transfer(req)  # raises if a planned block were missing
+        assert [len(h) for h in held] == [100, 12]  # full 0..99, sliding 88..99
+        p.release(req)
+    # The sibling resumed at the shared prefix, above the cap the reach alone would allow.
+    capped = prefill_hit_cap(geo, p.rules, p.pd_policy, req, 128)
+    assert admission.start == 1536 > capped
+    assert p.check() == []

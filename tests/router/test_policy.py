@@ -74,3 +74,46 @@ def test_weights_are_checked_and_modes_named() -> None:
     with pytest.raises(ValueError, match="unknown routing mode"):
         make_policy("random")
     assert make_policy("least-loaded").name == "least-loaded"
+
+
+def test_conditional_rule_goes_local_for_a_short_suffix_on_a_held_prefix() -> None:
+    from relaykv.router.policy import ConditionalRule
+
+    rule = ConditionalRule(max_suffix=512, max_queued_prefill=1024)
+    local = rule.decide(1600, 1536, queued_prefill=0)
+    assert (local.local, local.suffix, local.path) == (True, 64, "local")
+    assert "64 <= max suffix 512" in local.why
+    # A 1,200-token new suffix on a 1,536-token prefix: P computes it.
+    long = rule.decide(2736, 1536, queued_prefill=0)
+    assert (long.local, long.suffix) == (False, 1200) and "1200 > max suffix 512" in long.why
+    assert rule.decide(2048, 1536, 0).local and not rule.decide(2049, 1536, 0).local
+    # The engine's queue: this suffix must fit under the cap with what is queued there.
+    assert rule.decide(1600, 1536, queued_prefill=960).local
+    queued = rule.decide(1600, 1536, queued_prefill=961)
+    assert not queued.local and "queued local prefill 961 + 64 > 1024" in queued.why
+    # Nothing held there (a new prefix), or nothing known: P -> D.
+    assert not rule.decide(100, 0, 0).local
+    assert not rule.decide(100, None, 0).local
+
+
+def test_always_and_never_ignore_the_hit() -> None:
+    from relaykv.router.policy import ConditionalRule
+
+    assert not ConditionalRule("always").decide(1600, 1599, 0).local
+    never = ConditionalRule("never").decide(5000, 0, 10**9)
+    assert never.local and never.suffix == 5000 and never.why == "--disaggregation never"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "sometimes"}, "disaggregation must be one of conditional, always, never"),
+        ({"max_suffix": -1}, "conditional_max_suffix must be >= 0"),
+        ({"max_queued_prefill": -5}, "conditional_max_queued_prefill must be >= 0"),
+    ],
+)
+def test_conditional_rule_refuses_bad_settings(kwargs: dict, message: str) -> None:
+    from relaykv.router.policy import ConditionalRule
+
+    with pytest.raises(ValueError, match=message):
+        ConditionalRule(**kwargs)

@@ -45,7 +45,7 @@ class Engines:
             return httpx.Response(
                 400, json={"error": {"message": "prompt too long", "param": "prompt"}}
             )
-        if body.get("kv_transfer_params", {}).get("do_remote_decode"):
+        if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
             return httpx.Response(
                 200, json={"choices": [{"text": "x"}], "kv_transfer_params": TRANSFER}
             )

@@ -87,6 +87,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         prefill_args=_events_args(event_ports["prefill"]),
         decode_args=_events_args(event_ports["decode"]),
         log_dir=tmp_path_factory.mktemp("up"),
+        # Every request P -> D through relaykv's router too, as through the production
+        # fronts: the checks count each prefill engine's work (docs/routing.md).
+        router_args=["--disaggregation", "always"],
     )
     c.plan()
     prefill = c.urls("prefill")[0].removeprefix("http://")

@@ -13,7 +13,9 @@ from relaykv.sim.results import summarize
 MODEL = model_spec("gpt-oss-20b")
 
 
-def _run(policy: str, n: int = 12, concurrency: int = 4, num_decode: int = 1) -> dict:
+def _run(
+    policy: str, n: int = 12, concurrency: int = 4, num_decode: int = 1, **kw: object
+) -> dict:
     spec = ClusterSpec(
         MODEL,
         HARDWARE["h20"],
@@ -25,6 +27,7 @@ def _run(policy: str, n: int = 12, concurrency: int = 4, num_decode: int = 1) ->
         num_speculative_tokens=3,
         num_blocks=4000,
         scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_model_len=4096),
+        **kw,  # type: ignore[arg-type]
     )
     reqs = prefix_repetition_requests(
         n, MODEL.vocab_size, prefix_len=2000, suffix_len=32, num_prefixes=1, output_len=16
@@ -95,3 +98,35 @@ def test_cache_aware_routing_keeps_siblings_together() -> None:
         shares[mode] = decode["prefix_cache_hits"] / decode["prefix_cache_queries"]
     # The router's index sees D's received prefixes: siblings follow them.
     assert shares["cache-aware"] > shares["round-robin"] + 0.1, shares
+
+
+def test_conditional_disaggregation_runs_the_routers_rule() -> None:
+    """The router's rule on the simulated cluster: with a max suffix the siblings' suffixes
+    fit (32 new tokens + the EAGLE unit), D prefills them itself; nothing is received for
+    them and their first tokens come sooner (no P trip); greedy work is the same."""
+    always = _run("per-group")
+    local = _run("per-group", disaggregation="conditional", conditional_max_suffix=128)
+    # The warmup is P -> D (nothing on D yet); every measured sibling finds the prefix on D.
+    assert local["local_requests"] == 12 and always["local_requests"] == 0
+    assert local["total_output_tokens"] == always["total_output_tokens"] == 12 * 16
+    assert local["d_kv_bytes_received"] == 0 < always["d_kv_bytes_received"]
+    assert local["mean_ttft_ms"] < always["mean_ttft_ms"]
+    # A suffix above the max: P -> D as before; only the resend of the warmup's prompt (the
+    # first request) leaves just the EAGLE unit (16 tokens) to compute.
+    short = _run("per-group", disaggregation="conditional", conditional_max_suffix=16)
+    assert short["local_requests"] == 1
+
+
+def test_the_cost_estimate_grows_with_the_p_trip() -> None:
+    from relaykv.sim.cost_model import estimated_max_suffix
+
+    hw = HARDWARE["h20"]
+    low = estimated_max_suffix(MODEL, hw, 2, 0.004, 4096)
+    high = estimated_max_suffix(MODEL, hw, 2, 0.04, 4096)
+    assert 0 < low < high and low % 16 == 0
+    assert estimated_max_suffix(MODEL, hw, 2, 0.0, 4096) == 0
+    spec = ClusterSpec(MODEL, hw, LINKS["rdma"], decode_tp=2, disaggregation="conditional",
+                       scheduler=SchedulerConfig(max_model_len=4096))
+    assert spec.trip_seconds() == 2 * hw.request_overhead_s + 2 * hw.step_overhead_s + 1e-3
+    rule = spec.conditional_rule()
+    assert rule.max_suffix == estimated_max_suffix(MODEL, hw, 2, spec.trip_seconds(), 4096)

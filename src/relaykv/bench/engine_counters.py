@@ -23,6 +23,7 @@ COUNTERS: dict[str, str] = {
     "external_query_tokens": "vllm:external_prefix_cache_queries",
     "kv_bytes_received": "relaykv:kv_bytes_received",
     "kv_bytes_sent": "relaykv:kv_bytes_sent",
+    "local_requests": "relaykv:decode_local_requests",  # conditional disaggregation
 }
 
 Counters = dict[str, float | None]

@@ -39,6 +39,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     role: Role = Role.COLOCATED
     pd_policy: PDPolicy = DEFAULT_PD_POLICY
+    sibling_reach: int = 0  # the P/D plan's sibling reach in tokens (kvcache/pd_plan.py)
     model_name: str = "relaykv"
     # The startup sizing (built and checked once, by whoever sized the pool); None: the
     # cache manager builds it from the fields above.
@@ -79,6 +80,7 @@ class LLMEngine:
             max_in_flight_tokens=sched.max_num_batched_tokens + k,
             pd_role=self.role.in_pd_pair,
             sizing=config.sizing,
+            sibling_reach=config.sibling_reach,
             tier=tier,
             tier_interval=config.kv_offloading_interval,
         )
@@ -97,6 +99,28 @@ class LLMEngine:
         self.scheduler.connector = connector
 
     # -- requests --------------------------------------------------------------------
+    def refuses_locally(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Why a decode engine cannot take a request sent without KV (a local request:
+        conditional disaggregation, docs/routing.md) now: its pool could not admit the
+        request's worst case (prompt + max_tokens). The router then sends it through a
+        prefill engine. None: take it (always, on other roles and for P/D requests)."""
+        if self.role is not Role.DECODE or kv_transfer_params:
+            return None
+        n = min(len(prompt_ids) + params.max_tokens, self.config.scheduler.max_model_len)
+        need = self.manager.sizing.admission_blocks(n)
+        free = self.manager.pool.num_free
+        if need <= free:
+            return None
+        return (
+            f"the decode engine's KV pool cannot take a local request of {n} tokens now "
+            f"({need} blocks needed, {free} free); send it through a prefill engine"
+        )
+
     def validate(
         self,
         prompt_ids: Sequence[int],

@@ -155,6 +155,10 @@ class EngineMetrics:
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
+    # A decode engine's own prefill (conditional disaggregation, docs/routing.md): requests
+    # that arrived without KV, and prompt tokens it scheduled for them and for failed loads.
+    local_requests: int = 0
+    local_prefill_tokens: int = 0
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))

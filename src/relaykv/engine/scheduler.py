@@ -22,6 +22,12 @@ running slot: a hung or unreachable prefill engine must not keep local work out
 load waits in `ready`, still holding its blocks, until a running slot is free; it then resumes
 at N-1 (the last prompt token is recomputed for its logits) through `reserve`, like any
 running request (docs/pd.md, "Slot hygiene").
+
+A decode engine also computes prompts itself: a request that arrives without KV (a local
+request, which the router sends under conditional disaggregation, docs/routing.md) or a load
+that failed and is recomputed. Its prefill is chunked like a colocated one, with a per-step
+cap (`max_local_prefill_tokens`) so the running streams' steps stay short; a local request
+that the cap leaves out this step is passed over, so loads behind it still start.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class SchedulerConfig:
     # Loads from prefill engines at once. None: no cap but the pool's blocks (as vLLM): a
     # cap would let one hung prefill engine delay loads from the healthy ones.
     max_num_loads: int | None = None
+    # A decode engine's prompt tokens computed locally per step (None: no cap of its own,
+    # as on a colocated or prefill engine; see the module docstring).
+    max_local_prefill_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -153,16 +162,23 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSequence]:
         self.settle_transfers()
         budget = self.config.max_num_batched_tokens
+        cap = self.config.max_local_prefill_tokens
+        local_left = cap if cap is not None else budget  # local prefill tokens left this step
         scheduled: list[ScheduledSequence] = []
         for req in list(self.running):
             if budget <= 0:
                 break
             if req not in self.running:  # preempted by an earlier request of this loop
                 continue
-            item = self._schedule_running(req, budget)
+            local = cap is not None and self._prefilling_locally(req)
+            if local and local_left <= 0:
+                continue
+            item = self._schedule_running(req, min(budget, local_left) if local else budget)
             if item is not None:
                 scheduled.append(item)
                 budget -= len(item.work.token_ids) + len(item.work.draft_token_ids)
+                if local:
+                    local_left -= self._count_local(item)
         # Loads delivered first: they already hold their blocks (docs/pd.md, "Slot hygiene").
         while self.ready and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.ready.popleft()
@@ -189,14 +205,35 @@ class Scheduler:
                 continue
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            item = self._admit(req, budget)
+            if cap is not None and local_left <= 0:
+                i += 1  # the local prefill cap is spent: loads behind it may still start
+                continue
+            first = not req.admitted
+            item = self._admit(req, min(budget, local_left) if cap is not None else budget)
             if item is None:
                 if req.request_id in self.tier_loading:
                     continue  # its hit loads from the KV tier first: no slot, no budget yet
                 break
             scheduled.append(item)
             budget -= len(item.work.token_ids)
+            if cap is not None:
+                local_left -= self._count_local(item)
+                self.metrics.local_requests += first
         return scheduled
+
+    @staticmethod
+    def _prefilling_locally(req: Request) -> bool:
+        """A decode engine's request computing prompt tokens itself (not a delivered load,
+        which recomputes only N-1)."""
+        return not req.is_remote_prefill and req.num_computed_tokens < req.num_prompt_tokens
+
+    def _count_local(self, item: ScheduledSequence) -> int:
+        """Prompt tokens `item` computes on a decode engine (counted in the metrics)."""
+        work, req = item.work, item.request
+        n = max(0, min(req.num_prompt_tokens, work.start_position + len(work.token_ids))
+                - work.start_position)
+        self.metrics.local_prefill_tokens += n
+        return n
 
     def _work(self, req: Request, n: int, drafts: list[int]) -> SequenceWork:
         start = req.num_computed_tokens

@@ -80,6 +80,12 @@ class CacheLifecycle(Protocol):
     def pd_policy(self) -> PDPolicy: ...
 
     @property
+    def sibling_reach(self) -> int:
+        """The P/D plan's sibling reach in tokens (`pd_plan`): how far below a received
+        prompt's end a decode engine keeps the windows its siblings resume at (0: none)."""
+        ...
+
+    @property
     def stats(self) -> CacheStats:
         """The counters of docs/design.md §9 (vLLM's metric semantics)."""
         ...

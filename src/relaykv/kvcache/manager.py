@@ -24,7 +24,7 @@ from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit, longest_hit_tokens
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
-from relaykv.kvcache.pd_plan import pd_plan, prefill_hit_cap
+from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap, reach_blocks
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
 from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, replay_boundaries
@@ -50,12 +50,18 @@ class KVCacheManager:
         pd_role: bool = False,
         on_event: EventSink | None = None,
         sizing: CacheSizing | None = None,
+        sibling_reach: int = 0,
         tier: TierBackend | None = None,
         tier_interval: int | None = None,
     ) -> None:
         """`sizing`: the engine's `CacheSizing`, built and checked once at startup (then
-        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it). `tier`: a KV
-        tier below the pool (docs/tier.md), checkpointed every `tier_interval` tokens."""
+        `max_model_len`, `max_in_flight_tokens` and `pd_role` come from it; build it with
+        the same `sibling_reach`). `sibling_reach`: the P/D plan's sibling reach in tokens
+        (`pd_plan`; both engines of a pair use the same). `tier`: a KV tier below the pool
+        (docs/tier.md), checkpointed every `tier_interval` tokens."""
+        if sibling_reach < 0:
+            raise ValueError(f"sibling_reach must be >= 0 tokens, got {sibling_reach}")
+        self.sibling_reach = sibling_reach
         self.geometry = geometry
         self.rules = rules_for(geometry)
         self.retention = (
@@ -74,6 +80,7 @@ class KVCacheManager:
                 max_model_len,
                 max_in_flight_tokens,
                 self.pd_policy if pd_role else None,
+                sibling_reach,
             )
         elif sizing.geometry != geometry or sizing.num_blocks != num_blocks:
             raise ValueError("the cache sizing was built for another geometry or pool")
@@ -207,7 +214,7 @@ class KVCacheManager:
         """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
         changes nothing: the pool cannot hold it now. The transport fills `load.receive`
         (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        plan = self._plan(req)
         hit = self._lookup(req) if plan.common_resume else None
         load = self.loads.begin(req, plan, hit)
         if load is not None:
@@ -279,6 +286,16 @@ class KVCacheManager:
         the pool and the tier (docs/tier.md), with the blocks to load in `hit.tier`."""
         if not self.pool.enable_caching:
             return LocalHit(0, [[] for _ in self.rules])
+        if req.role is CacheRole.PREFILL and self.sibling_reach:
+            # The sibling reach's extra window blocks, when P still has them cached, are
+            # attached rather than recomputed (`_attach_reach`); else the reach caps the hit.
+            plain = min(
+                req.num_tokens - 1, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+            )
+            reached = self._attach_reach(req, find_longest_hit(req, self.rules, self.pool, plain))
+            if reached is not None:
+                req.junction = reached.junction
+                return reached
         cap = self._cap(req)
         if tiered and self.tier is not None:
             hit = find_tiered_hit(req, self.rules, self.pool, self.tier.index, cap)
@@ -294,8 +311,29 @@ class KVCacheManager:
             cap = min(cap, self._prefill_hit_cap(req))
         return cap
 
+    def _attach_reach(self, req: CacheRequest, hit: LocalHit) -> LocalHit | None:
+        """`hit` with the blocks the P/D plan holds below its windows (the sibling reach)
+        taken from the cache, or None when one of them is not cached: a prefill request
+        must end up holding every planned block (§7)."""
+        plan = self._plan(req)
+        blocks = []
+        for rule in self.rules:
+            table = list(hit.blocks[rule.index])
+            keys = req.keys(rule.index)
+            cached = self.pool.maps[rule.index]
+            for k in reach_blocks(plan, rule, hit.tokens):
+                block = cached.get(keys[k])
+                if block is None:
+                    return None
+                table[k] = block
+            blocks.append(table)
+        return LocalHit(hit.tokens, blocks, hit.junction)
+
     def _prefill_hit_cap(self, req: CacheRequest) -> int:
-        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+        return prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req, self.sibling_reach)
+
+    def _plan(self, req: CacheRequest) -> PDPlan:
+        return pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens, self.sibling_reach)
 
     def _blocks_needed(
         self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None
@@ -399,7 +437,7 @@ class KVCacheManager:
         """Free blocks no future computation of `req` reads (§6, processed basis)."""
         floor = None
         if req.role is CacheRole.PREFILL:
-            plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+            plan = self._plan(req)
         for rule in self.rules:
             if rule.prefix_closed:
                 continue
@@ -437,7 +475,7 @@ class KVCacheManager:
         Returns per group the `(block index, block id)` pairs the decode engine may read.
         The request stays registered until `free(req)` (after D read them or a lease expired).
         """
-        plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        plan = self._plan(req)
         self._cache(req, req.num_prompt_tokens)
         held: list[list[tuple[int, int]]] = []
         extra: list[int] = []

@@ -58,9 +58,15 @@ class CacheSizing:
         max_model_len: int,
         max_in_flight_tokens: int,
         pd_policy: PDPolicy | None = None,
+        sibling_reach: int = 0,
     ) -> CacheSizing:
-        """`pd_policy` is set on P/D engines: their plan's retention counts in the caps."""
-        slack = pd_slack_tokens(geometry, pd_policy) if pd_policy else (0,) * geometry.num_groups
+        """`pd_policy` is set on P/D engines: their plan's retention (with its sibling reach)
+        counts in the caps."""
+        slack = (
+            pd_slack_tokens(geometry, pd_policy, sibling_reach)
+            if pd_policy
+            else (0,) * geometry.num_groups
+        )
         caps = group_caps(geometry, max_model_len, max_in_flight_tokens, slack)
         return cls(geometry, num_blocks, max_model_len, max_in_flight_tokens, slack, caps)
 

@@ -9,6 +9,9 @@ dead members (supervisor.py); and on SIGTERM drains in order (cluster.py).
 Engine flags not listed here (`--max-model-len`, `--kv-cache-memory`, `--num-blocks`,
 `--block-size`, `--retention`, `--speculative-tokens`, `--draft-model`, `--seed`, ...) are
 passed to every engine unchanged, so `relaykv up` accepts what `relaykv serve` accepts.
+`--disaggregation` and the conditional rule's flags go to the router (docs/routing.md); unless
+it is `always`, the engines also get `--sibling-reach` (`policy.default_sibling_reach` of the
+rule's max suffix) when not given.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from relaykv.common.plumbing.secret_files import API_KEY_ENV, PrivateFileError, resolve_api_key
 from relaykv.launch.cluster import Cluster, ClusterError
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
+from relaykv.router.cli import add_disaggregation_arguments, conditional_rule
+from relaykv.router.policy import default_sibling_reach
 from relaykv.serve.assembly.cpu_threads import colocated_engine_env, positive_threads
 from relaykv.serve.assembly.options import DEFAULT_PD_POLICY, PD_POLICIES
 from relaykv.serve.assembly.pd_wiring import (
@@ -48,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["cache-aware", "least-loaded", "round-robin"],
                         help="the router's engine choice (docs/routing.md); cache-aware turns "
                         "on every engine's KV events")
+    add_disaggregation_arguments(parser)
     parser.add_argument("--torch-threads", type=positive_threads, default=None, metavar="N",
                         help="torch (OpenMP) threads per engine (default: torch's, one per CPU "
                         "or $OMP_NUM_THREADS); the engines' idle OpenMP workers sleep "
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument --max-restarts/--restart-window: {exc}")
     if args.drain_timeout < 0:
         parser.error("argument --drain-timeout: must be >= 0")
+    conditional_rule(args, parser)  # a bad value exits here, before anything starts
     try:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except PrivateFileError as exc:
@@ -120,6 +127,9 @@ def _run_cluster(
 ) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
+    given = {flag.split("=")[0] for flag in engine_extra}
+    if args.disaggregation != "always" and "--sibling-reach" not in given:
+        common += ["--sibling-reach", str(default_sibling_reach(args.conditional_max_suffix))]
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
     # Co-located engines must not spin OpenMP workers on each other's cores
@@ -128,7 +138,11 @@ def _run_cluster(
     cluster = Cluster(
         engine_args=common,
         router_args=["--drain-timeout", str(args.drain_timeout), "--routing", args.routing,
-                     "--prefill-timeout", str(args.prefill_timeout)],
+                     "--prefill-timeout", str(args.prefill_timeout),
+                     "--disaggregation", args.disaggregation,
+                     "--conditional-max-suffix", str(args.conditional_max_suffix),
+                     "--conditional-max-queued-prefill",
+                     str(args.conditional_max_queued_prefill)],
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
         log_dir=Path(args.log_dir) if args.log_dir else None, env=env, run_dir=run_dir,

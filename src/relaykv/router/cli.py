@@ -10,7 +10,14 @@ from relaykv.common.plumbing.derived_keys import KV_SECRET_ENV, read_cluster_sec
 from relaykv.common.plumbing.secret_files import PrivateFileError, resolve_api_key
 from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
-from relaykv.router.policy import ROUTING_MODES, CacheAwareWeights
+from relaykv.router.policy import (
+    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DEFAULT_CONDITIONAL_MAX_SUFFIX,
+    DISAGGREGATION_MODES,
+    ROUTING_MODES,
+    CacheAwareWeights,
+    ConditionalRule,
+)
 from relaykv.router.relay import Router
 from relaykv.router.routing import Routing
 from relaykv.router.server import serve_router
@@ -65,6 +72,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=getattr(defaults, name),
             help=f"{help_text} (default {getattr(defaults, name)})",
         )
+    add_disaggregation_arguments(parser)
+
+
+def add_disaggregation_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--disaggregation` and the conditional rule's inputs (also `relaykv up`'s)."""
+    group = parser.add_argument_group("conditional disaggregation (docs/routing.md)")
+    group.add_argument(
+        "--disaggregation",
+        default="conditional",
+        choices=DISAGGREGATION_MODES,
+        help="conditional (default): a request whose uncached suffix on its decode engine is "
+        "short goes straight there (D prefills it); always: every request P -> D; never: "
+        "every request to a decode engine alone (colocated-style)",
+    )
+    group.add_argument(
+        "--conditional-max-suffix",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_SUFFIX,
+        metavar="TOKENS",
+        help="the longest suffix a decode engine prefills itself "
+        f"(default {DEFAULT_CONDITIONAL_MAX_SUFFIX})",
+    )
+    group.add_argument(
+        "--conditional-max-queued-prefill",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+        metavar="TOKENS",
+        help="per decode engine, the local prefill tokens this router may have in flight "
+        f"there (default {DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL})",
+    )
+
+
+def conditional_rule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ConditionalRule:
+    """The rule from parsed arguments; a bad value exits naming its flag."""
+    for flag, value in (
+        ("--conditional-max-suffix", args.conditional_max_suffix),
+        ("--conditional-max-queued-prefill", args.conditional_max_queued_prefill),
+    ):
+        if value < 0:
+            parser.error(f"argument {flag}: must be >= 0, got {value}")
+    return ConditionalRule(
+        args.disaggregation, args.conditional_max_suffix, args.conditional_max_queued_prefill
+    )
 
 
 def _urls(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
@@ -108,15 +158,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         flag = "--" + str(exc).split()[0].replace("_", "-")
         parser.error(f"argument {flag}: {exc}")
+    rule = conditional_rule(args, parser)
     logging.basicConfig(level=args.log_level.upper())
     host = f"[{args.host}]" if ":" in args.host else args.host
     router = Router(
         prefill, decode, api_key=api_key, request_timeout=args.request_timeout,
         prefill_timeout=args.prefill_timeout, limits=limits,
         public_url=f"http://{host}:{args.port}",
-        routing=Routing(args.routing, weights, api_key=api_key, kv_secret=kv_secret),
+        routing=Routing(
+            args.routing, weights, api_key=api_key, conditional=rule, kv_secret=kv_secret
+        ),
     )
-    print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}): "
+    print(f"relaykv router on http://{host}:{args.port} (--routing {args.routing}, "
+          f"--disaggregation {rule.mode}): "
           f"prefill {prefill}, decode {decode}", flush=True)
     return serve_router(create_router_app(router), router, args.host, args.port,
                         log_level=args.log_level, drain_timeout=args.drain_timeout,

@@ -5,7 +5,10 @@ record (kept in `Routing.recent`, shown by `GET /routing?recent=1`). The request
 (router/relay.py) carries the choice down and never hands it back: `with choice:` puts the
 prompt among the prefixes in flight on that engine until the engine answers (router/pending.py),
 `prefix_loaded` waits for a load of the same prefix on a decode engine, `note_answer` records a
-prefill engine's own `cached_tokens`, `until_first` hands the entry to a decode stream.
+prefill engine's own `cached_tokens`, `until_first` hands the entry to a decode stream. On a
+decode engine's choice, `Routing.decide_path` sets `path` (conditional disaggregation,
+router/policy.py `ConditionalRule`): a local request's suffix counts as queued prefill there
+while it is in flight.
 """
 
 from __future__ import annotations
@@ -31,12 +34,19 @@ class Decision:
     prompt_tokens: int
     scored_hit: int  # the usable hit the policy saw there (-1: only a bound was computed)
     cached_tokens: int | None = None  # the engine's own report (prefill: its usage)
+    # The path (decode choices): "local" (D prefills it) or "pd"; why; D's local suffix
+    # (prompt minus its hybrid-exact local hit; -1 unknown, None not computed)
+    path: str = "pd"
+    why: str = ""
+    local_suffix: int | None = None
 
 
 class Choice:
     """One engine chosen for one request (see the module docstring)."""
 
-    __slots__ = ("_entry", "_index", "_prefixes", "_prompt", "backend", "record")
+    __slots__ = (
+        "_entry", "_index", "_prefixes", "_prompt", "backend", "local_prefill", "record"
+    )
 
     def __init__(
         self,
@@ -52,9 +62,18 @@ class Choice:
         self._index = index  # the engine's index, kept current by its events (None: none)
         self._prefixes = prefixes
         self._entry: InFlight | None = None
+        self.local_prefill = 0  # prompt tokens the engine computes itself (a local request)
+
+    @property
+    def index(self) -> EngineIndex | None:
+        return self._index
+
+    @property
+    def prompt(self) -> Prompt | None:
+        return self._prompt
 
     def __enter__(self) -> Choice:
-        self._entry = InFlight(self._prefixes, self.backend.url, self._prompt)
+        self._entry = InFlight(self._prefixes, self.backend.url, self._prompt, self.local_prefill)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -117,6 +117,9 @@ class Engines:
         try:
             geometry = parse_geometry_json(info.get("geometry") or {}, GroupSpec, Geometry)
             policy = PDPolicy.parse(str(info.get("pd_policy", DEFAULT_PD_POLICY)))
+            reach = info.get("sibling_reach", 0)
+            if type(reach) is not int or reach < 0:
+                raise ValueError(f"sibling_reach must be a count of tokens, got {reach!r}")
         except ValueError as exc:
             log.warning("engine %s: %s; routing it on load alone", backend.url, exc)
             t.index = None
@@ -127,6 +130,7 @@ class Engines:
             role,
             policy,
             holders=self.holders if role == "decode" else None,
+            sibling_reach=reach,
         )
         events = info.get("kv_events")
         if not self.follow_events or not isinstance(events, dict):

@@ -44,6 +44,7 @@ from relaykv.kvcache import (
     CacheRequest,
     CacheRole,
     Geometry,
+    PDPlan,
     PDPolicy,
     pd_plan,
     rules_for,
@@ -57,6 +58,7 @@ from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains
 from relaykv.kvcache.lookup import longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
+from relaykv.kvcache.pd_plan import reach_blocks
 from relaykv.kvcache.tier import TieredKeys
 from relaykv.router.holders import KeyHolders, PromptCounts
 
@@ -93,6 +95,7 @@ class EngineIndex:
     events_dropped: int = 0  # malformed batches or events for unknown groups
     holders: KeyHolders | None = None  # the router's shared decode-engine key map, if any
     slot: int | None = None  # this engine's bit in `holders`
+    sibling_reach: int = 0  # the P/D plan's sibling reach (its /v1/kv_cache_info)
 
     def __post_init__(self) -> None:
         self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
@@ -190,19 +193,46 @@ class EngineIndex:
             return 0
         if self.role == "decode":
             n = req.num_prompt_tokens
-            plan = pd_plan(self.geometry, self.pd_policy, n)
+            plan = self._plan(n)
             if plan.common_resume:
                 return longest_hit_tokens(req, self.rules, self)
             local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
             return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
-            cap = prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
+            if self.sibling_reach:  # the reach's blocks, when held, are attached (kvcache)
+                hit = longest_hit_tokens(req, self.rules, self, self._prefill_cap(req, False))
+                plan = self._plan(req.num_prompt_tokens)
+                if all(
+                    req.keys(rule.index)[k] in self.maps[rule.index]
+                    for rule in self.rules
+                    for k in reach_blocks(plan, rule, hit)
+                ):
+                    return hit
+            cap = self._prefill_cap(req)
         device = longest_hit_tokens(req, self.rules, self, cap)
         if not self.tier.num_blocks:
             return device
         tiered = longest_hit_tokens(req, self.rules, TieredKeys(self, self.tier), cap)
         return device + int(TIER_WEIGHT * (tiered - device))
+
+    def _plan(self, n: int) -> PDPlan:
+        return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
+
+    def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
+        """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
+        (the engine attaches them when cached), an upper bound of what it may take."""
+        return prefill_hit_cap(
+            self.geometry, self.rules, self.pd_policy, req, self.sibling_reach if reach else 0
+        )
+
+    def local_hit(self, req: CacheRequest) -> int:
+        """Prompt tokens this engine would reuse computing `req` itself, as a colocated
+        engine does (kvcache's hybrid lookup, every group at one resume point): on a decode
+        engine, the hit of a local request (conditional disaggregation, docs/routing.md)."""
+        if not req.num_tokens:
+            return 0
+        return longest_hit_tokens(req, self.rules, self)
 
     def _local(
         self,
@@ -227,7 +257,7 @@ class EngineIndex:
         prefill engine, §7)."""
         cap = req.num_prompt_tokens - 1
         if self.role == "prefill":
-            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+            cap = min(cap, self._prefill_cap(req, reach=False))
         return max(0, cap)
 
     def hit_bound(
@@ -242,7 +272,7 @@ class EngineIndex:
         if n <= 1:
             return 0
         full = [r for r in self.rules if r.prefix_closed]
-        if self.role == "decode" and not pd_plan(self.geometry, self.pd_policy, n).common_resume:
+        if self.role == "decode" and not self._plan(n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group
                 if counts is not None and self.slot is not None:
@@ -253,7 +283,7 @@ class EngineIndex:
             return bound
         cap = n - 1
         if self.role == "prefill":
-            cap = min(cap, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
+            cap = min(cap, self._prefill_cap(req, reach=False))
         bound = cap
         keyed = TieredKeys(self, self.tier) if self.tier.num_blocks else self
         for rule in full:

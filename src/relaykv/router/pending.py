@@ -54,6 +54,9 @@ class InFlightPrefixes:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._by_engine: dict[str, dict[int, tuple[Prompt, asyncio.Event, float]]] = {}
+        # Per decode engine, the prompt tokens of local requests (computed there, not on a
+        # prefill engine) in flight: conditional disaggregation's queue (router/policy.py).
+        self._local_prefill: dict[str, int] = {}
         self._ids = itertools.count()
         self._clock = clock
         self.waits = 0  # decode sends held for a load of the same prefix (`wait_for_load`)
@@ -67,6 +70,13 @@ class InFlightPrefixes:
         entry = self._by_engine.get(engine, {}).pop(token, None)
         if entry is not None:
             entry[1].set()
+
+    def queued_prefill(self, engine: str) -> int:
+        """Prompt tokens of local requests in flight on `engine` (not yet answered)."""
+        return self._local_prefill.get(engine, 0)
+
+    def add_prefill(self, engine: str, tokens: int) -> None:
+        self._local_prefill[engine] = self._local_prefill.get(engine, 0) + tokens
 
     def count(self, engine: str) -> int:
         return len(self._by_engine.get(engine, ()))
@@ -143,17 +153,30 @@ class InFlightPrefixes:
 class InFlight:
     """One request's entry on one engine, as a context manager: `with` ends it on exit unless
     `until_first` handed it to a stream, which ends it at the first bytes (a decode engine
-    streams only once the KV is loaded)."""
+    streams only once the KV is loaded). `local_prefill`: the prompt tokens a local request
+    computes there, queued until then (`queued_prefill`)."""
 
-    def __init__(self, prefixes: InFlightPrefixes, engine: str, prompt: Prompt | None) -> None:
+    def __init__(
+        self,
+        prefixes: InFlightPrefixes,
+        engine: str,
+        prompt: Prompt | None,
+        local_prefill: int = 0,
+    ) -> None:
         self.engine = engine
         self.token = prefixes.begin(engine, prompt) if prompt is not None else None
         self._prefixes = prefixes
         self._handed_off = False
+        self._local_prefill = local_prefill
+        if local_prefill:
+            prefixes.add_prefill(engine, local_prefill)
 
     def done(self) -> None:
         if self.token is not None:
             self._prefixes.end(self.engine, self.token)
+        if self._local_prefill:
+            self._prefixes.add_prefill(self.engine, -self._local_prefill)
+            self._local_prefill = 0
 
     def __enter__(self) -> InFlight:
         return self

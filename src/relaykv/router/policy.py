@@ -20,6 +20,15 @@ included, and at least one request per engine) are skipped unless every engine i
 so a hot prefix spreads: a usable hit is worth at most `hit_weight / load_weight` extra
 requests in flight. Scores within 0.005 of the best are ties: the engine whose cache holds
 the fewest blocks wins them (new prefixes spread over the caches), then round robin.
+
+`ConditionalRule` decides the path of a request once its decode engine is chosen
+(conditional disaggregation, docs/routing.md "Conditional disaggregation"): under
+`conditional`, the request goes straight to that decode engine, which prefills it itself (a
+local request), when it holds part of the prompt (a usable hybrid-exact hit: the engine
+serves the siblings of what it holds) and the suffix that hit leaves is at most
+`max_suffix` tokens and the local prefill this router has queued there, this suffix
+included, stays within `max_queued_prefill`; otherwise P -> D. `always` is P -> D for every
+request, `never` local for every one (colocated-style, decode engines only).
 """
 
 from __future__ import annotations
@@ -30,6 +39,28 @@ from dataclasses import dataclass
 from typing import Protocol
 
 ROUTING_MODES: tuple[str, ...] = ("cache-aware", "least-loaded", "round-robin")
+DISAGGREGATION_MODES: tuple[str, ...] = ("conditional", "always", "never")
+# The cost estimate behind the default (docs/routing.md "Conditional disaggregation"): the P
+# trip's fixed cost (two more HTTP hops, P's step, the grant, the transfer and D's load step)
+# against D's own prefill rate in chunks of `--max-local-prefill-tokens` (256): below about
+# two chunks, D computing the suffix costs less than the trip saves.
+DEFAULT_CONDITIONAL_MAX_SUFFIX = 512
+# What the engines' sibling reach adds to the max suffix: a sibling of a parent whose own
+# suffix is at most the max suffix resumes within max suffix + 2 alignment units of the
+# parent's end (the resume point rounds down to the alignment; an EAGLE draft drops one
+# more unit); 512 covers the largest alignment of relaykv's presets (dsv4-flash, 256).
+SIBLING_REACH_MARGIN = 512
+
+
+def default_sibling_reach(max_suffix: int) -> int:
+    """The engines' `--sibling-reach` that lets decode engines serve siblings under a rule
+    with this max suffix (`relaykv up` and the simulator set it)."""
+    return max_suffix + SIBLING_REACH_MARGIN
+
+
+# Per decode engine, local prefill tokens queued by this router (not yet answered): eight
+# suffixes of the default size, so a burst of siblings spills over to P.
+DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL = 4096
 # Scores this close count as tied (round robin): a 1.7% difference in KV usage (kv_weight
 # 0.3) is noise from the last metrics scrape, while one block of a 2k-token prompt's hit
 # (0.7%) still counts.
@@ -144,6 +175,64 @@ class CacheAwarePolicy(_Turns):
         # spread over the engines' caches; equal ones take turns.
         fewest = min(candidates[i].cached_blocks for i in tied)
         return self.tie(sorted(i for i in tied if candidates[i].cached_blocks == fewest))
+
+
+@dataclass(frozen=True, slots=True)
+class PathChoice:
+    """Where a request's prompt is computed: `local` (the decode engine itself) or `pd`."""
+
+    local: bool
+    suffix: int  # prompt tokens the decode engine would compute itself (-1: unknown)
+    why: str
+
+    @property
+    def path(self) -> str:
+        return "local" if self.local else "pd"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionalRule:
+    """The path rule of conditional disaggregation (module docstring)."""
+
+    mode: str = "conditional"
+    max_suffix: int = DEFAULT_CONDITIONAL_MAX_SUFFIX
+    max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+
+    def __post_init__(self) -> None:
+        if self.mode not in DISAGGREGATION_MODES:
+            raise ValueError(
+                f"disaggregation must be one of {', '.join(DISAGGREGATION_MODES)}, "
+                f"got {self.mode!r}"
+            )
+        if self.max_suffix < 0:
+            raise ValueError(f"conditional_max_suffix must be >= 0, got {self.max_suffix}")
+        if self.max_queued_prefill < 0:
+            raise ValueError(
+                f"conditional_max_queued_prefill must be >= 0, got {self.max_queued_prefill}"
+            )
+
+    def decide(self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int) -> PathChoice:
+        """The path of a `prompt_tokens`-token prompt whose usable hit on the chosen decode
+        engine is `hit_tokens` (None: unknown, the prompt was not read) while this router
+        has `queued_prefill` local prompt tokens queued there."""
+        suffix = prompt_tokens - hit_tokens if hit_tokens is not None else -1
+        if self.mode == "never":
+            return PathChoice(True, suffix, "--disaggregation never")
+        if self.mode == "always":
+            return PathChoice(False, suffix, "--disaggregation always")
+        if suffix < 0:
+            return PathChoice(False, suffix, "no usable hit known (prompt not tokenized)")
+        if hit_tokens == 0:
+            return PathChoice(False, suffix, "no usable hit on the decode engine")
+        if suffix > self.max_suffix:
+            return PathChoice(False, suffix, f"suffix {suffix} > max suffix {self.max_suffix}")
+        if queued_prefill + suffix > self.max_queued_prefill:
+            return PathChoice(
+                False,
+                suffix,
+                f"queued local prefill {queued_prefill} + {suffix} > {self.max_queued_prefill}",
+            )
+        return PathChoice(True, suffix, f"suffix {suffix} <= max suffix {self.max_suffix}")
 
 
 def make_policy(mode: str, weights: CacheAwareWeights | None = None) -> RoutingPolicy:

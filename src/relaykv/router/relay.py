@@ -1,12 +1,13 @@
 """The P/D router: an OpenAI-compatible front for prefill and decode engines.
 
-A completion (or chat completion) goes to a prefill engine first, with `kv_transfer_params:
-{"do_remote_decode": true}` (P validates the client's max_tokens as D will, then generates one
-token); P computes the prompt, keeps the blocks the P/D plan names and answers where they are,
-in a grant signed for the decode engine the router chose first (`destination_engine_id`,
-`relaykv.router.destinations`). The request then goes to that decode engine with P's
-`kv_transfer_params`; D pulls what it does not hold and streams the completion back through the
-router.
+A completion (or chat completion) goes to a prefill engine first (unless the decode engine
+chosen for it prefills it itself: conditional disaggregation, `Routing.decide_path`,
+docs/routing.md), with `kv_transfer_params: {"do_remote_decode": true}` (P validates the
+client's max_tokens as D will, then generates one token); P computes the prompt, keeps the
+blocks the P/D plan names and answers where they are, in a grant signed for the decode engine
+the router chose first (`destination_engine_id`, `relaykv.router.destinations`). The request
+then goes to that decode engine with P's `kv_transfer_params`; D pulls what it does not hold
+and streams the completion back through the router.
 
 The path reads top to bottom in `Router.handle`: the body (`intake.py`: limits, the client's
 own bytes), its prompt tokens (`prompt.py`), the decode engine's `Choice` (`routing.py`, the
@@ -30,9 +31,10 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from relaykv.common.messages.api_errors import APIError
+from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError
 from relaykv.common.plumbing.disconnect import ClientGone, unless_disconnected
 from relaykv.router.backends import Backend, BackendPool
+from relaykv.router.decision import Choice
 from relaykv.router.destinations import destination_id, refused_grant
 from relaykv.router.engine_calls import EngineCalls, relayed, unavailable
 from relaykv.router.intake import ClientBody, IntakeLimits, read_body
@@ -120,15 +122,34 @@ class Router:
     async def _prefill_and_decode(
         self, path: str, body: ClientBody, headers: dict[str, str], prompt: Prompt | None
     ) -> Response:
-        """Choose D, have P compute the prompt with a grant for D, then decode on D
-        (`relaykv.router.destinations`). A D that fails is not called again: the next D
-        needs a grant of its own, so P computes again (mostly a hit on its held blocks)."""
+        """Choose D; then either D prefills the prompt itself (a local request, conditional
+        disaggregation: `Routing.decide_path`) or P computes it with a grant for D and D
+        decodes (`relaykv.router.destinations`). A D that fails is not called again: the
+        next D needs a grant of its own, so P computes again (mostly a hit on its held
+        blocks). A local request whose D failed before answering is retried through P
+        (unless `--disaggregation never`: on another D), as is one D refused because its
+        pool cannot take it now (429, `LOCAL_ADMISSION_REFUSED`; D may then load it): nothing
+        reached the client, so it gets one answer."""
         assert self.client is not None
         tried: set[Backend] = set()
         refreshed = False
+        force_pd = ""
         while (decode := self.routing.pick(self.decode, tried, prompt)) is not None:
             backend = decode.backend
             tried.add(backend)
+            if self.routing.decide_path(decode, force_pd).local:
+                response = await self._local(decode, path, body, headers)
+                if response is None:  # D failed: another D, through P unless `never`
+                    self.stats.retries += 1
+                    if self.routing.conditional.mode != "never":
+                        force_pd = f"retried through P: the local attempt on {backend.url} failed"
+                    continue
+                if refused_locally(response):  # D's pool is full now: P computes, D loads
+                    self.stats.retries += 1
+                    force_pd = f"retried through P: {backend.url} refused it locally (its pool)"
+                    tried.discard(backend)
+                    continue
+                return response
             with decode:  # the prompt is in flight on D until D answers (router/pending.py)
                 try:
                     destination = await destination_id(self.client, backend, headers)
@@ -163,6 +184,21 @@ class Router:
                         continue
             return response
         return unavailable("decode")
+
+    async def _local(
+        self, decode: Choice, path: str, body: ClientBody, headers: dict[str, str]
+    ) -> Response | None:
+        """A local request: the decode engine computes the prompt itself (the client's body,
+        without transfer parameters). None: the engine failed before answering."""
+        with decode:  # in flight there (its suffix queued) until D's first bytes
+            await decode.prefix_loaded()  # a load of the same prefix there lands first
+            local_body = body.with_fields({"kv_transfer_params": None})
+            response = await self.calls.decode(
+                self.decode, decode.backend, path, local_body, headers, body.stream
+            )
+            if isinstance(response, StreamingResponse):
+                response.body_iterator = decode.until_first(response.body_iterator)
+        return response
 
     async def _prefill(
         self,
@@ -216,6 +252,13 @@ class Router:
 
     def cluster(self) -> dict[str, Any]:
         return {"router": self.public_url, "prefill": self.prefill.urls, "decode": self.decode.urls}
+
+
+def refused_locally(response: Response) -> bool:
+    """A decode engine's answer refusing a local request for now (its pool, 429)."""
+    return response.status_code == 429 and LOCAL_ADMISSION_REFUSED.encode() in bytes(
+        response.body
+    )
 
 
 def forward_headers(request: Request) -> dict[str, str]:

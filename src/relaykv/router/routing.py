@@ -4,8 +4,10 @@
 healthy, untried engine of the pool (its index from `engines.py`, its load, the prefixes in
 flight there from `pending.py`), lets `scoring.choose_engine` and the pool's policy
 (`policy.py`) choose, records the decision and returns it as a `Choice` (`decision.py`), which
-the request path carries down. The health tick (`refresh`) keeps the engines' indexes and
-loads current and fetches the tokenizer prompts are read with (`prompt.py`).
+the request path carries down. `decide_path` then settles, for a decode engine's choice, whether
+that engine prefills the request itself (conditional disaggregation, `policy.ConditionalRule`).
+The health tick (`refresh`) keeps the engines' indexes and loads current and fetches the
+tokenizer prompts are read with (`prompt.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from relaykv.router.decision import Choice, Decision
 from relaykv.router.engines import Engines
 from relaykv.router.holders import KeyHolders
 from relaykv.router.pending import InFlightPrefixes
-from relaykv.router.policy import CacheAwareWeights, RoutingPolicy, make_policy
+from relaykv.router.policy import (
+    CacheAwareWeights,
+    ConditionalRule,
+    PathChoice,
+    RoutingPolicy,
+    make_policy,
+)
 from relaykv.router.prompt import Prompt, PromptReader
 from relaykv.router.scoring import EngineView, choose_engine
 
@@ -34,11 +42,14 @@ class Routing:
         mode: str = "cache-aware",
         weights: CacheAwareWeights | None = None,
         api_key: str | None = None,
+        conditional: ConditionalRule | None = None,
         kv_secret: bytes | None = None,
     ) -> None:
         """`kv_secret`: the cluster secret, for KV events published off an engine's host."""
         self.mode = mode
         self.weights = weights
+        self.conditional = conditional or ConditionalRule()
+        self.paths = {"local": 0, "pd": 0}  # decode choices by path
         cache_aware = mode == "cache-aware"
         self.policies: dict[str, RoutingPolicy] = {}
         self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
@@ -80,6 +91,30 @@ class Routing:
         self._note_balance(pool, backend)
         return Choice(backend, record, prompt, index, self.in_flight)
 
+    def decide_path(self, choice: Choice, force_pd: str = "") -> PathChoice:
+        """Whether the decode engine of `choice` prefills the request itself (a local
+        request) or P computes it: `policy.ConditionalRule` on the engine's hybrid-exact
+        local hit (`EngineIndex.local_hit`) and the local prefill queued there. `force_pd`:
+        a reason this request must go through P (its local attempt failed). Recorded in
+        the choice's decision."""
+        prompt, index = choice.prompt, choice.index
+        n = len(prompt.tokens) if prompt is not None else 0
+        if force_pd:
+            path = PathChoice(False, -1, force_pd)
+        else:
+            hit = None
+            if self.conditional.mode != "always" and prompt is not None and index is not None:
+                hit = index.local_hit(prompt.request_for(index))
+            queued = self.in_flight.queued_prefill(choice.backend.url)
+            path = self.conditional.decide(n, hit, queued)
+        record = choice.record
+        record.path, record.why = path.path, path.why
+        record.local_suffix = path.suffix
+        if path.local:
+            choice.local_prefill = max(0, path.suffix)
+        self.paths[path.path] += 1
+        return path
+
     def _view(self, backend: Backend, prompt: Prompt | None) -> EngineView:
         t = self.engines.tracker(backend)
         index = t.scored_index if prompt is not None else None
@@ -107,8 +142,15 @@ class Routing:
         await self.engines.stop()
 
     def describe(self, recent: bool = False) -> dict[str, Any]:
+        rule = self.conditional
         return {
             "mode": self.mode,
+            "disaggregation": {
+                "mode": rule.mode,
+                "max_suffix": rule.max_suffix,
+                "max_queued_prefill": rule.max_queued_prefill,
+                "paths": dict(self.paths),
+            },
             **({"recent": [asdict(d) for d in self.recent]} if recent else {}),
             "peak_load_ratio": self.peak_load_ratio,
             "prefix_waits": self.in_flight.waits,

@@ -11,19 +11,34 @@ there are served one after another (a FIFO server), so requests a client sends a
 reach the engines staggered, as they do in a real cluster (a prefill engine starts on the
 first before the others arrive). With no prefill engines the decode engines are
 colocated ones and the router only balances them.
+
+Under `disaggregation="conditional"` (relaykv router's `--disaggregation`) the router first
+chooses the decode engine and applies the router's own `ConditionalRule`
+(`SimRouter.path`): a sibling whose suffix there is short goes straight to it, which
+prefills it (a local request); the others go P -> D as above (the decode engine is chosen
+again when P answers). The rule's max suffix defaults to the cost estimate from the presets
+(`cost_model.estimated_max_suffix`: the P trip's fixed cost, two router hops, two engine
+steps and the link's latency, against the decode engine's prefill time) and the engines'
+sibling reach to `policy.default_sibling_reach` of it, as `relaykv up` sets it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relaykv.common.workloads import SampleRequest
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PDPolicy, Role
+from relaykv.router.policy import (
+    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    ConditionalRule,
+    default_sibling_reach,
+)
 from relaykv.sim.clock import EventLoop
+from relaykv.sim.cost_model import estimated_max_suffix
 from relaykv.sim.engine import SimEngine
 from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
@@ -55,6 +70,24 @@ class ClusterSpec:
     kv_offloading_size: int | None = None
     kv_offloading_bandwidth: float = DEFAULT_TIER_BANDWIDTH
     kv_offloading_interval: int | None = None
+    disaggregation: str = "always"  # relaykv router's --disaggregation (module docstring)
+    conditional_max_suffix: int | None = None  # None: the cost estimate from the presets
+    conditional_max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+
+    def trip_seconds(self) -> float:
+        """The P trip's fixed cost: P's answer back through the router and the hop on to D,
+        P's step and D's load step (overheads), the link's per-transfer latency."""
+        hw = self.hardware
+        return 2 * hw.request_overhead_s + 2 * hw.step_overhead_s + self.link.latency_s
+
+    def conditional_rule(self) -> ConditionalRule:
+        max_suffix = self.conditional_max_suffix
+        if max_suffix is None:
+            max_suffix = estimated_max_suffix(
+                self.model, self.hardware, self.decode_tp, self.trip_seconds(),
+                self.scheduler.max_model_len,
+            )
+        return ConditionalRule(self.disaggregation, max_suffix, self.conditional_max_queued_prefill)
 
 
 @dataclass(slots=True)
@@ -71,6 +104,7 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     decode_engine: str = ""
+    path: str = "pd"  # "local": its decode engine prefilled it (conditional disaggregation)
 
     @property
     def ok(self) -> bool:
@@ -84,6 +118,10 @@ class SimCluster:
         self.transport = SimTransport(self.loop, spec.link, self._notify)
         self.engines: dict[str, SimEngine] = {}
         colocated = spec.num_prefill == 0
+        self.rule = spec.conditional_rule()
+        self.conditional = not colocated and spec.disaggregation != "always"
+        # The engines' sibling reach, as `relaykv up` sets it (0 when every request is P -> D)
+        self.sibling_reach = default_sibling_reach(self.rule.max_suffix) if self.conditional else 0
         for i in range(spec.num_prefill):
             self._add_engine(f"prefill{i}", "prefill", spec.prefill_tp)
         for i in range(spec.num_decode):
@@ -93,7 +131,7 @@ class SimCluster:
             by_role.setdefault("prefill" if engine.role == "prefill" else "decode", []).append(
                 engine
             )
-        self.router = SimRouter(spec.routing, by_role)
+        self.router = SimRouter(spec.routing, by_role, self.rule)
         self.first_role = "decode" if colocated else "prefill"
         self._router_free_at = 0.0
         self.records: list[RequestRecord] = []
@@ -110,10 +148,14 @@ class SimCluster:
             num_speculative_tokens=s.num_speculative_tokens,
             acceptance_rate=s.acceptance_rate,
         )
+        scheduler = s.scheduler
+        if role == "decode" and self.conditional:  # local prefill in chunks of the max suffix
+            scheduler = replace(scheduler, max_local_prefill_tokens=max(16, self.rule.max_suffix))
         config = EngineConfig(
             enable_prefix_caching=s.prefill_prefix_caching or role != "prefill",
             num_blocks=s.num_blocks,
-            scheduler=s.scheduler,
+            scheduler=scheduler,
+            sibling_reach=self.sibling_reach,
             retention=s.retention,
             role=Role.parse(role),
             pd_policy=PDPolicy.parse(s.pd_policy),
@@ -145,7 +187,30 @@ class SimCluster:
         self.records.append(record)
         self._live[rid] = (record, params, prompt)
         kv = {"do_remote_decode": True} if self.first_role == "prefill" else None
+        if self.conditional:
+            self._hop(lambda: self._route(rid, prompt, params, kv))
+            return
         self._hop(lambda: self._to_engine(self.first_role, rid, prompt, params, kv))
+
+    def _route(
+        self, rid: str, prompt: list[int], params: SamplingParams, kv: dict[str, Any] | None
+    ) -> None:
+        """Conditional disaggregation: the decode engine's choice and the path rule."""
+        engine = self.router.pick("decode", prompt)
+        path = self.router.path(engine, prompt)
+        if not path.local:
+            self.router.done(engine)
+            self._to_engine("prefill", rid, prompt, params, kv)
+            return
+        try:
+            engine.add(rid, prompt, params, None)
+        except InvalidRequest as exc:
+            self.router.done(engine)
+            self._fail(rid, f"{exc}")
+            return
+        record = self._live[rid][0]
+        record.decode_engine, record.path = engine.name, "local"
+        self.router.queue(engine, rid, max(0, path.suffix))
 
     def _hop(self, fn: Callable[[], None]) -> None:
         """Run `fn` once the router has spent a hop on it (after the hops before it)."""
@@ -191,8 +256,10 @@ class SimCluster:
         if new_tokens:
             if record.first_token_time is None:
                 record.first_token_time = now
+                self.router.unqueue(rid)
             record.output_tokens += len(new_tokens)
         if req.finished:
+            self.router.unqueue(rid)
             self.router.done(engine)
             if req.error:
                 self._fail(rid, req.error)

@@ -172,3 +172,29 @@ def _combine(hw: HardwareSpec, tp: int, flops: float, nbytes: float, kv: float) 
     kv_bandwidth = hw.kv_bandwidth or hw.hbm_bandwidth
     memory = (nbytes - kv) / (tp * hw.hbm_bandwidth * hw.mbu) + kv / (tp * kv_bandwidth * hw.mbu)
     return max(compute, memory) if hw.combine == "max" else compute + memory
+
+
+def estimated_max_suffix(
+    model: ModelSpec, hw: HardwareSpec, tp: int, trip_s: float, context: int
+) -> int:
+    """Conditional disaggregation's cost estimate (docs/routing.md): the longest suffix, in
+    multiples of 16 tokens, whose prefill on a decode engine (at the end of a `context`-token
+    prompt, on top of a decode step) costs no more than the P trip's fixed `trip_s`."""
+
+    def extra(n: int) -> float:
+        start = max(0, context - n)
+        with_suffix = step_cost(model, hw, tp, [SeqShape(start, n), SeqShape(context, 1)])
+        alone = step_cost(model, hw, tp, [SeqShape(context, 1)])
+        return with_suffix.seconds - alone.seconds
+
+    lo, hi = 0, max(16, context) // 16  # in units of 16 tokens: extra(16 lo) <= trip
+    if extra(16) > trip_s:
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if extra(16 * mid) <= trip_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return 16 * lo

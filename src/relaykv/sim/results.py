@@ -71,6 +71,7 @@ def summarize(
     result: dict[str, Any] = {
         "pd_policy": policy,
         "completed": len(ok),
+        "local_requests": sum(1 for r in ok if r.path == "local"),
         "failed": len(measured) - len(ok),
         "duration": duration,
         "request_throughput": len(ok) / duration,

@@ -8,7 +8,9 @@ own, fed by the engine's KV events (the cache manager's event sink) with no dela
 scored as the router does: the index's cheap `hit_bound`, then its exact `usable_hit`
 (kvcache's lookup, per role and P/D policy) only where the bound can win. The
 engine's queue and KV usage are read at the moment of the decision (the real router sees
-them at its last health tick: simulator.md "What is not modelled").
+them at its last health tick: simulator.md "What is not modelled"). `path` applies the
+router's `ConditionalRule` to a chosen decode engine (its hybrid-exact local hit from the
+index, the local prefill queued there), as `Routing.decide_path` does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from relaykv.kvcache import KVEvent
 from relaykv.router.backends import Backend, BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.policy import ROUTING_MODES, make_policy
+from relaykv.router.policy import ROUTING_MODES, ConditionalRule, PathChoice, make_policy
 from relaykv.router.prompt import Prompt
 from relaykv.router.scoring import EngineView, choose_engine
 from relaykv.sim.engine import SimEngine
@@ -27,15 +29,27 @@ __all__ = ["ROUTING_MODES", "SimRouter"]
 
 
 class SimRouter:
-    def __init__(self, mode: str, pools: dict[str, list[SimEngine]]) -> None:
+    def __init__(
+        self,
+        mode: str,
+        pools: dict[str, list[SimEngine]],
+        conditional: ConditionalRule | None = None,
+    ) -> None:
         self.mode = mode
+        self.conditional = conditional or ConditionalRule("always")
+        self.queued: dict[str, int] = {}  # per decode engine, local prefill tokens queued
+        self._queued_by: dict[str, tuple[str, int]] = {}  # request id -> (engine, tokens)
         self.engines = {e.name: e for engines in pools.values() for e in engines}
         self.pools = {role: BackendPool(role, [e.name for e in es]) for role, es in pools.items()}
         self.policies = {role: make_policy(mode) for role in pools}
         self.indexes: dict[str, EngineIndex] = {}
         if mode == "cache-aware":
             for engine in self.engines.values():
-                index = EngineIndex(engine.manager.geometry, engine.role, engine.manager.pd_policy)
+                manager = engine.manager
+                index = EngineIndex(
+                    manager.geometry, engine.role, manager.pd_policy,
+                    sibling_reach=manager.sibling_reach,
+                )
                 engine.manager.set_event_sink(_feeder(index))
                 self.indexes[engine.name] = index
         self.backends: dict[str, Backend] = {
@@ -64,6 +78,24 @@ class SimRouter:
 
     def done(self, engine: SimEngine) -> None:
         self.backends[engine.name].in_flight -= 1
+
+    def path(self, engine: SimEngine, tokens: list[int]) -> PathChoice:
+        """The router's path rule for `tokens` on decode engine `engine`."""
+        index = self.indexes.get(engine.name)
+        hit = None
+        if index is not None and self.conditional.mode != "always":
+            hit = index.local_hit(Prompt(tokens).request_for(index))
+        return self.conditional.decide(len(tokens), hit, self.queued.get(engine.name, 0))
+
+    def queue(self, engine: SimEngine, request_id: str, tokens: int) -> None:
+        """A local request's prefill is queued on `engine` until its first token."""
+        self.queued[engine.name] = self.queued.get(engine.name, 0) + tokens
+        self._queued_by[request_id] = (engine.name, tokens)
+
+    def unqueue(self, request_id: str) -> None:
+        entry = self._queued_by.pop(request_id, None)
+        if entry is not None:
+            self.queued[entry[0]] -= entry[1]
 
 
 def _feeder(index: EngineIndex) -> Callable[[KVEvent], None]:

@@ -21,7 +21,11 @@ from relaykv.common.workloads.flags import build_requests as requests_for_flags
 from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
-from relaykv.router.policy import ROUTING_MODES
+from relaykv.router.policy import (
+    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DISAGGREGATION_MODES,
+    ROUTING_MODES,
+)
 from relaykv.sim.cluster import ClusterSpec
 from relaykv.sim.hardware import (
     HardwareSpec,
@@ -129,6 +133,25 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's policy (relaykv router --routing; default cache-aware)",
     )
     g.add_argument(
+        "--disaggregation",
+        default="always",
+        choices=DISAGGREGATION_MODES,
+        help="the router's --disaggregation (default here: always, every request P -> D; "
+        "conditional: a sibling whose suffix on its decode engine is short is prefilled "
+        "there, docs/routing.md)",
+    )
+    g.add_argument(
+        "--conditional-max-suffix",
+        type=int,
+        default=None,
+        help="default: the cost estimate from the hardware presets (docs/simulator.md)",
+    )
+    g.add_argument(
+        "--conditional-max-queued-prefill",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    )
+    g.add_argument(
         "--kv-offloading-size",
         type=parse_size,
         default=None,
@@ -227,6 +250,10 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
+    for flag in ("conditional_max_suffix", "conditional_max_queued_prefill"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 0:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be >= 0")
     if is_calibration(args.hardware):
         mismatch = check_conditions(
             args.hardware,
@@ -275,6 +302,11 @@ def cluster_spec(
         retention=args.retention,
         prefill_prefix_caching=args.prefill_prefix_caching == "on",
         routing=args.routing,
+        disaggregation=getattr(args, "disaggregation", "always"),
+        conditional_max_suffix=getattr(args, "conditional_max_suffix", None),
+        conditional_max_queued_prefill=getattr(
+            args, "conditional_max_queued_prefill", DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+        ),
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_bandwidth=args.kv_offloading_bandwidth * 1e9,
         kv_offloading_interval=args.kv_offloading_interval,

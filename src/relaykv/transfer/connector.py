@@ -14,6 +14,7 @@ The transfer parameters P returns (and the router hands to D) are:
 
     {"do_remote_prefill": true, "remote_request_id": str, "remote_engine_id": str,
      "source": <KVSourceDescriptor as a dict>, "remote_num_tokens": N, "pd_policy": str,
+     "sibling_reach": int (tokens, kvcache/pd_plan.py),
      "lease_seconds": float, "remote_block_ids": [[[block_index, block_id], ...] per group],
      "block_hashes": [[hex, ...] per group], "destination_engine_id": str | None,
      "expires_at": float, "grant_signature": hex}
@@ -46,7 +47,10 @@ from relaykv.transfer.transport.wire.auth import default_secret
 
 log = logging.getLogger(__name__)
 
-PARAM_KEYS = ("remote_request_id", "source", "remote_num_tokens", "pd_policy", "remote_block_ids")
+PARAM_KEYS = (
+    "remote_request_id", "source", "remote_num_tokens", "pd_policy", "sibling_reach",
+    "remote_block_ids",
+)
 
 
 class PDConnector:
@@ -126,6 +130,11 @@ class PDConnector:
                 f"the prefill engine planned with --pd-policy {params['pd_policy']}, this decode "
                 f"engine uses {self.manager.pd_policy} (both must match)"
             )
+        if params["sibling_reach"] != self.manager.sibling_reach:
+            raise ValueError(
+                f"the prefill engine planned with --sibling-reach {params['sibling_reach']}, "
+                f"this decode engine uses {self.manager.sibling_reach} (both must match)"
+            )
         source = KVSourceDescriptor.from_dict(params["source"])
         if not source.page_layout.same_pages(self.layout):
             raise ValueError("the prefill engine's KV pages differ from this engine's (geometry)")
@@ -153,6 +162,7 @@ class PDConnector:
             "source": self.server.descriptor.to_dict(),
             "remote_num_tokens": request.num_prompt_tokens,
             "pd_policy": self.manager.pd_policy,
+            "sibling_reach": self.manager.sibling_reach,
             "lease_seconds": self.lease_seconds,
             "remote_block_ids": [[[k, b] for k, b in items] for items in held],
             "block_hashes": prompt_block_hashes(self.manager, prompt, request.cache_salt, held),

@@ -33,7 +33,8 @@ from relaykv.kvcache.hashing import salt_prefix, token_bytes
 SIGNATURE_KEY = "grant_signature"
 SIGNED_KEYS = (
     "remote_request_id", "remote_engine_id", "source", "remote_num_tokens", "pd_policy",
-    "lease_seconds", "remote_block_ids", "block_hashes", "expires_at", "destination_engine_id",
+    "sibling_reach", "lease_seconds", "remote_block_ids", "block_hashes", "expires_at",
+    "destination_engine_id",
 )
 
 

@@ -125,3 +125,27 @@ def test_flag_parsers() -> None:
     for bad in ("c8/output128", "c0/output1:3", "8/128:40"):
         with pytest.raises(ValueError, match="--groups"):
             parse_group(bad)
+
+
+def test_shared_prefix_groups_and_the_greedy_output_check() -> None:
+    from relaykv.bench.ab.report import build_rows
+    from relaykv.bench.ab.workload import count_differing_outputs
+
+    g = parse_group("gsp:c4/output32:16")
+    assert (g.concurrency, g.output_len, g.num_prompts, g.shared_prefix) == (4, 32, 16, True)
+    assert g.label == "gsp c4/output32" and not parse_group("c4/output32:16").shared_prefix
+    with pytest.raises(ValueError, match="gsp:"):
+        parse_group("sgl:c4/output32:16")
+
+    def run(label: str, config: str, outputs: list) -> dict:
+        result = {"completed": 3, "failed": 0, "p99_itl_ms": 10.0}
+        group = {"group": "gsp c4/output32", "result": result, "counters": {}, "outputs": outputs}
+        return {"label": label, "config": config, "probe": None, "groups": [group]}
+
+    runs = [run("A1", "always", ["x", "y", "z"]), run("B1", "conditional", ["x", "Y", None]),
+            run("A2", "always", ["x", "y", "z"])]
+    count_differing_outputs(runs)
+    assert [r["groups"][0]["differing_outputs"] for r in runs] == [0, 1, 0]  # None: a failure
+    rows = {r.metric: r for r in build_rows(runs, "always")}
+    assert rows["differing_outputs"].candidates == {"conditional": 1.0}
+    assert rows["p99_itl_ms"].baseline == 10.0

@@ -25,6 +25,8 @@ NAMES = [
     "relaykv:kv_coalesced_loads",
     "relaykv:kv_lease_expiries",
     "relaykv:kv_failed_loads",
+    "relaykv:decode_local_requests",
+    "relaykv:decode_local_prefill_tokens",
     "relaykv:group_prefix_tokens",
     "relaykv:group_prefix_bytes",
 ]

@@ -30,7 +30,13 @@ from relaykv.bench.ab.cluster import ClusterProcess, ClusterStartError
 from relaykv.bench.ab.front import FrontProcess, check_template
 from relaykv.bench.ab.plots import write_plots
 from relaykv.bench.ab.report import build_rows, markdown_table, write_tables
-from relaykv.bench.ab.workload import DEFAULT_GROUPS, Workload, parse_group, run_group
+from relaykv.bench.ab.workload import (
+    DEFAULT_GROUPS,
+    Workload,
+    count_differing_outputs,
+    parse_group,
+    run_group,
+)
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.engine_counters import ClusterUrls
 from relaykv.bench.probe.run import probe_prompts, run_probe
@@ -85,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DEFAULT_GROUPS),
         metavar="cC/outputO:N",
-        help="workload groups: concurrency C, output tokens O, N prompts",
+        help="workload groups: concurrency C, output tokens O, N prompts (prefix_repetition; "
+        "gsp:cC/outputO:N: generated-shared-prefix)",
     )
     parser.add_argument(
         "--prefix-len",
@@ -332,6 +339,8 @@ def run(args: argparse.Namespace) -> int:
         if status:
             break
     complete = [r for r in runs if r["groups"] or r["probe"]]
+    count_differing_outputs(complete)
+    (out_dir / "ab_runs.json").write_text(json.dumps({"baseline": baseline, "runs": runs}))
     if complete:
         rows = build_rows(complete, baseline)
         md, js = write_tables(rows, complete, baseline, out_dir)

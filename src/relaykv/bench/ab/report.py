@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 # (where, key, display name); where = "result" (vLLM keys), "cache", "decode"/"prefill"
-# counters, or "probe" (per phase)
+# counters, "outputs" (the group's generated texts against the first run's: greedy runs of
+# every configuration must agree), or "probe" (per phase)
 WORKLOAD_METRICS: tuple[tuple[str, str, str], ...] = (
     ("result", "completed", "Successful requests"),
     ("result", "failed", "Failed requests"),
@@ -29,11 +30,15 @@ WORKLOAD_METRICS: tuple[tuple[str, str, str], ...] = (
     ("result", "median_ttft_ms", "Median TTFT (ms)"),
     ("result", "p99_ttft_ms", "P99 TTFT (ms)"),
     ("result", "mean_tpot_ms", "Mean TPOT (ms)"),
+    ("result", "mean_itl_ms", "Mean ITL (ms)"),
+    ("result", "p99_itl_ms", "P99 ITL (ms)"),
     ("result", "mean_e2el_ms", "Mean E2EL (ms)"),
+    ("outputs", "differing_outputs", "Outputs differing from the first run"),
     ("cache", "cache_hit_rate_pct", "Cached prompt tokens (usage, %)"),
     ("decode", "local_hit_tokens", "D local hit tokens"),
     ("decode", "external_hit_tokens", "D external hit tokens"),
     ("decode", "kv_bytes_received", "D KV bytes received"),
+    ("decode", "local_requests", "D local requests (prefilled on D)"),
     ("prefill", "local_hit_tokens", "P local hit tokens"),
 )
 PROBE_METRICS: tuple[tuple[str, str], ...] = (
@@ -60,9 +65,9 @@ class Row:
 
 def is_count(metric: str) -> bool:
     """Request counts, token counters and byte counters (integers, unlike rates)."""
-    return metric in ("completed", "failed", "requests_ok") or metric.endswith(
-        ("_tokens", "_received", "_sent")
-    )
+    return metric in (
+        "completed", "failed", "requests_ok", "differing_outputs", "local_requests"
+    ) or metric.endswith(("_tokens", "_received", "_sent"))
 
 
 def run_values(run: dict[str, Any]) -> dict[tuple[str, str], tuple[str, float | None]]:
@@ -77,9 +82,11 @@ def run_values(run: dict[str, Any]) -> dict[tuple[str, str], tuple[str, float | 
                 value = group["result"].get(key)
             elif where == "cache":
                 value = group["result"].get("cache_report", {}).get(key)
+            elif where == "outputs":
+                value = group.get(key)
             else:
                 value = group.get("counters", {}).get(where, {}).get(key)
-            metric = key if where in ("result", "cache") else f"{where}_{key}"
+            metric = key if where in ("result", "cache", "outputs") else f"{where}_{key}"
             out[(group["group"], metric)] = (name, None if value is None else float(value))
     return out
 

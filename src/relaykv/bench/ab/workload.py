@@ -6,6 +6,10 @@ the warmups (copies of the group's first prompt asking for one token: their job 
 the group's prefix in the caches, and a long-output group's warmup then costs no decode
 time; unmeasured and not counted in the engine counters). Group i uses seed `seed + i`, so
 groups do not share prefixes with each other and every configuration sees identical prompts.
+A group written `gsp:cC/outputO:N` sends generated-shared-prefix prompts instead (SGLang's
+dataset: `--num-prefixes` system prompts of `--prefix-len` tokens, N / num-prefixes questions
+of `--suffix-len` tokens each, shuffled). Each group keeps its generated texts in request
+order, so greedy runs of different configurations can be compared token for token.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from relaykv.bench.metrics import compute_metrics
 from relaykv.bench.runner import LoadShape, run_requests
 from relaykv.bench.serve.report import RunDescription, build_result
 from relaykv.bench.server_info import ServerError
-from relaykv.common.workloads import prefix_repetition_requests
+from relaykv.common.workloads import generated_shared_prefix_requests, prefix_repetition_requests
 
-GROUP_PATTERN = re.compile(r"^c(\d+)/output(\d+):(\d+)$")
+GROUP_PATTERN = re.compile(r"^(?:(gsp):)?c(\d+)/output(\d+):(\d+)$")
 DEFAULT_GROUPS: tuple[str, ...] = ("c1/output1:8", "c8/output1:40", "c8/output128:40")
 
 
@@ -32,21 +36,27 @@ class GroupSpec:
     concurrency: int
     output_len: int
     num_prompts: int
+    shared_prefix: bool = False  # generated-shared-prefix prompts (`gsp:`)
 
     @property
     def label(self) -> str:
-        return f"c{self.concurrency}/output{self.output_len}"
+        head = "gsp " if self.shared_prefix else ""
+        return f"{head}c{self.concurrency}/output{self.output_len}"
 
 
 def parse_group(text: str) -> GroupSpec:
-    """`c8/output128:40` -> concurrency 8, 128 output tokens, 40 prompts."""
+    """`c8/output128:40` -> concurrency 8, 128 output tokens, 40 prompts (`gsp:` first:
+    generated-shared-prefix prompts)."""
     match = GROUP_PATTERN.match(text.strip())
     if not match:
-        raise ValueError(f"--groups: expected cCONCURRENCY/outputTOKENS:PROMPTS, got {text!r}")
-    concurrency, output_len, prompts = (int(g) for g in match.groups())
+        raise ValueError(
+            f"--groups: expected [gsp:]cCONCURRENCY/outputTOKENS:PROMPTS, got {text!r}"
+        )
+    dataset, *numbers = match.groups()
+    concurrency, output_len, prompts = (int(g) for g in numbers)
     if concurrency < 1 or prompts < 1:
         raise ValueError(f"--groups: concurrency and prompts must be >= 1 in {text!r}")
-    return GroupSpec(concurrency, output_len, prompts)
+    return GroupSpec(concurrency, output_len, prompts, shared_prefix=dataset == "gsp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,7 @@ class GroupResult:
     ttfts_ms: list[float]
     counters: dict[str, Counters]
     errors: list[str] = field(default_factory=list)
+    outputs: list[str | None] = field(default_factory=list)  # generated texts, request order
 
 
 async def _counters(cluster: ClusterUrls, log: Callable[[str], None]) -> dict[str, Counters | None]:
@@ -101,15 +112,27 @@ async def run_group(
     log: Callable[[str], None] = print,
 ) -> GroupResult:
     group = workload.groups[index]
-    requests = prefix_repetition_requests(
-        group.num_prompts,
-        vocab_size,
-        prefix_len=workload.prefix_len,
-        suffix_len=workload.suffix_len,
-        num_prefixes=workload.num_prefixes,
-        output_len=group.output_len,
-        seed=workload.seed + index,
-    )
+    if group.shared_prefix:
+        requests = generated_shared_prefix_requests(
+            vocab_size,
+            num_groups=workload.num_prefixes,
+            prompts_per_group=group.num_prompts // workload.num_prefixes,
+            system_prompt_len=workload.prefix_len,
+            question_len=workload.suffix_len,
+            output_len=group.output_len,
+            range_ratio=1.0,
+            seed=workload.seed + index,
+        )
+    else:
+        requests = prefix_repetition_requests(
+            group.num_prompts,
+            vocab_size,
+            prefix_len=workload.prefix_len,
+            suffix_len=workload.suffix_len,
+            num_prefixes=workload.num_prefixes,
+            output_len=group.output_len,
+            seed=workload.seed + index,
+        )
     shape = LoadShape(max_concurrency=group.concurrency, seed=workload.seed + index)
     if workload.num_warmups:
         await run_requests(
@@ -140,4 +163,19 @@ async def run_group(
         ttfts_ms=[o.ttft * 1000 for o in run.outcomes if o.success],
         counters=_deltas(before, after),
         errors=[o.error for o in run.outcomes if not o.success][:10],
+        outputs=[o.generated_text if o.success else None for o in run.outcomes],
     )
+
+
+def count_differing_outputs(runs: list[dict[str, Any]]) -> None:
+    """Set each run's groups' `differing_outputs`: how many requests generated other text
+    than in the first run that has the same group (requests that failed in either are
+    counted by `failed`, not here)."""
+    first: dict[str, list[str | None]] = {}
+    for run in runs:
+        for group in run.get("groups", []):
+            reference = first.setdefault(group["group"], group.get("outputs", []))
+            pairs = zip(reference, group.get("outputs", []), strict=False)
+            group["differing_outputs"] = sum(
+                1 for a, b in pairs if a is not None and b is not None and a != b
+            )

@@ -4,7 +4,9 @@ Every failure the server answers goes through `APIError` (or one of the handlers
 clients always get the same shape: malformed JSON, wrong types (pydantic) and unsupported
 or out-of-range values are 400 (never FastAPI's 422), an unknown model 404 (as OpenAI:
 `model_not_found`), a missing or wrong API key 401, a draining server 503, an engine
-failure 500.
+failure 500. A decode engine whose pool cannot take a local request now answers 429 with the
+code `LOCAL_ADMISSION_REFUSED`, which the router reads as "send it through a prefill engine"
+(conditional disaggregation, docs/routing.md).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+LOCAL_ADMISSION_REFUSED = "local_admission_refused"
+
 _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     503: "server_error",
 }

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaykv.common.messages.api_errors import APIError
+from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED, APIError
 from relaykv.common.messages.steps import TokenLogprobs
 from relaykv.engine import EngineDeadError, InvalidRequest, RequestOutput, SamplingParams
 from relaykv.serve.api.state import ServerState
@@ -73,12 +73,17 @@ def start_generation(
     cache_salt: str | None,
     kv_transfer_params: dict[str, Any] | None,
 ) -> AsyncIterator[RequestOutput]:
-    """Check everything the engine would refuse (400) and return the output stream."""
+    """Check everything the engine would refuse (400; 429 for a local request a decode
+    engine's pool cannot take now) and return the output stream."""
     state.check_accepting()
+    engine = state.engine.engine
     try:
-        state.engine.engine.validate(prompt_ids, params, kv_transfer_params, cache_salt)
+        engine.validate(prompt_ids, params, kv_transfer_params, cache_salt)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), exc.field) from None
+    refused = engine.refuses_locally(prompt_ids, params, kv_transfer_params)
+    if refused is not None:
+        raise APIError(429, refused, code=LOCAL_ADMISSION_REFUSED)
     return state.engine.generate(
         request_id,
         prompt_ids,

@@ -89,6 +89,7 @@ def install_kv_cache_info(
             "model": served.served_model_name,
             "role": served.options.role,
             "pd_policy": served.options.pd_policy,
+            "sibling_reach": manager.sibling_reach,
             "geometry": geometry_json(manager.geometry),
             "num_blocks": manager.pool.num_usable,
             "kv_events": publisher.describe() if publisher is not None else None,

@@ -116,6 +116,16 @@ COUNTERS: tuple[tuple[str, str, Read], ...] = (
         "Remote KV loads that failed.",
         lambda e: e.manager.stats.loads_failed,
     ),
+    (
+        "relaykv:decode_local_requests",
+        "Requests a decode engine prefilled itself (sent without KV).",
+        lambda e: e.metrics.local_requests,
+    ),
+    (
+        "relaykv:decode_local_prefill_tokens",
+        "Prompt tokens a decode engine scheduled to compute itself.",
+        lambda e: e.metrics.local_prefill_tokens,
+    ),
 )
 GAUGES: tuple[tuple[str, str, Read], ...] = (
     (

@@ -118,6 +118,7 @@ def assemble_engine(
         max_model_len,
         options.max_num_batched_tokens + k,
         options.pd_policy if options.role.in_pd_pair else None,
+        options.sibling_reach if options.role.in_pd_pair else 0,
     )
     if not sizing.fits_at_startup():
         flag = "--num-blocks" if options.num_blocks is not None else "--kv-cache-memory"
@@ -142,11 +143,15 @@ def assemble_engine(
             max_num_seqs=options.max_num_seqs,
             max_model_len=max_model_len,
             kv_load_failure=options.kv_load_failure,
+            max_local_prefill_tokens=(
+                options.max_local_prefill_tokens if options.role == "decode" else None
+            ),
         ),
         retention=str(retention),
         enable_prefix_caching=options.enable_prefix_caching,
         role=options.role,
         pd_policy=options.pd_policy,
+        sibling_reach=options.sibling_reach if options.role.in_pd_pair else 0,
         model_name=options.served_model_name or model.name,
         sizing=sizing,
         kv_offloading_interval=options.kv_offloading_interval,
@@ -229,8 +234,11 @@ def startup_summary(served: ServedEngine, geometry: Geometry, sizing: CacheSizin
             f"{tier.plan.interval} tokens"
         )
     if o.role != "colocated":
+        local = o.max_local_prefill_tokens
         lines.append(
-            f"P/D: role {o.role}, policy {o.pd_policy}, KV load failure {o.kv_load_failure}"
+            f"P/D: role {o.role}, policy {o.pd_policy}, KV load failure {o.kv_load_failure}, "
+            f"sibling reach {o.sibling_reach}"
+            + (f", local prefill <= {local} tokens/step" if o.role == "decode" else "")
         )
     return lines
 

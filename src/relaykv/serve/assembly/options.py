@@ -7,11 +7,13 @@ interval that is not a multiple of the alignment) happen in the factory and rais
 error.
 
 P/D (docs/pd.md): `add_pd_arguments` declares `--role`, `--pd-policy`, `--kv-lease-seconds`,
-`--kv-load-failure` and the transport's own flags (`relaykv.transfer.transport.registry`:
-`--kv-transport`, `--kv-transfer-host/-port/-timeout`); they land in `EngineOptions` (the
-transport flags stay on the namespace for `options_from_args`). A role other than
-`colocated` needs a connector: `build_engine(options, connector_factory=...)` builds it over
-the engine (see `relaykv.serve.assembly.engine_factory`); without one the factory refuses the role.
+`--kv-load-failure`, `--sibling-reach`, `--max-local-prefill-tokens` (conditional
+disaggregation, docs/routing.md) and the transport's own flags
+(`relaykv.transfer.transport.registry`: `--kv-transport`, `--kv-transfer-host/-port/-timeout`);
+they land in `EngineOptions` (the transport flags stay on the namespace for
+`options_from_args`). A role other than `colocated` needs a connector: `build_engine(options,
+connector_factory=...)` builds it over the engine (see `relaykv.serve.assembly.engine_factory`);
+without one the factory refuses the role.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ DEFAULT_MODEL = "tiny-hybrid"
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB of host memory for KV pages
 DEFAULT_MAX_MODEL_LEN = 4096  # capped by the model's max_position_embeddings
 DTYPES = ("float32", "bfloat16", "float16")
+# A decode engine's local prefill per step: one chunk this size costs a running stream about
+# as much as a few decode steps of a small batch (docs/routing.md, "Conditional").
+DEFAULT_MAX_LOCAL_PREFILL_TOKENS = 256
 
 
 class OptionError(ValueError):
@@ -64,6 +69,9 @@ class EngineOptions:
     kv_transport: str = "shm"  # relaykv.transfer transport name (shm, tcp, nixl, mooncake)
     kv_lease_seconds: float = 30.0  # P holds a request's blocks at most this long for D
     kv_load_failure: str = "recompute"  # D: recompute locally, or fail the request
+    sibling_reach: int = 0  # tokens below a received prompt's end D keeps windows for
+    # D: prompt tokens computed locally per step (local requests, failed loads)
+    max_local_prefill_tokens: int = DEFAULT_MAX_LOCAL_PREFILL_TOKENS
     # The KV tier (docs/tier.md): GiB of it (None: no tier), its backend, its interval.
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
@@ -125,6 +133,12 @@ class EngineOptions:
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
             raise OptionError(
                 "--kv-load-failure", f"choose from {', '.join(KV_LOAD_FAILURE_POLICIES)}"
+            )
+        if self.sibling_reach < 0:
+            raise OptionError("--sibling-reach", f"must be >= 0, got {self.sibling_reach}")
+        if self.max_local_prefill_tokens < 1:
+            raise OptionError(
+                "--max-local-prefill-tokens", f"must be >= 1, got {self.max_local_prefill_tokens}"
             )
         if not self.kv_lease_seconds > 0:
             raise OptionError("--kv-lease-seconds", f"must be > 0, got {self.kv_lease_seconds}")
@@ -250,6 +264,24 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
         default="recompute",
         help="D: recompute a failed load locally, or fail the request",
     )
+    pd.add_argument(
+        "--sibling-reach",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="P and D: D also receives the windows of the last TOKENS prompt positions, so it "
+        "can prefill siblings of a received prompt itself (conditional disaggregation, "
+        "docs/routing.md; every engine of a cluster must use the same value; default 0)",
+    )
+    pd.add_argument(
+        "--max-local-prefill-tokens",
+        type=int,
+        default=DEFAULT_MAX_LOCAL_PREFILL_TOKENS,
+        metavar="TOKENS",
+        help="D: prompt tokens it computes itself per step (requests the router sends without "
+        f"KV, failed loads), chunked so running streams stay fast (default "
+        f"{DEFAULT_MAX_LOCAL_PREFILL_TOKENS})",
+    )
     add_transport_arguments(parser)
 
 
@@ -281,5 +313,8 @@ def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
 
 
 def _pd_fields(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("role", "pd_policy", "kv_transport", "kv_lease_seconds", "kv_load_failure")
+    names = (
+        "role", "pd_policy", "kv_transport", "kv_lease_seconds", "kv_load_failure",
+        "sibling_reach", "max_local_prefill_tokens",
+    )
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
