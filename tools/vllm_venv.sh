@@ -12,7 +12,11 @@ BASE=$(cd "${2:-.venv}" && pwd)
 PY=$("$BASE/bin/python" -c 'import sys; print(sys.executable)')
 "$PY" -m venv "$VENV"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$SITE/zz_project_venv.pth"
+# `site.addsitedir`, not a bare path line: a bare line adds the directory but skips the .pth
+# files inside it, and relaykv's editable install is one of those (CI: "No module named
+# 'relaykv'" in a fresh clone).
+BASE_SITE=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "import site; site.addsitedir('$BASE_SITE')" > "$SITE/zz_project_venv.pth"
 # vLLM's import chain for vllm.v1.core.sched, vllm.v1.core.kv_cache_manager and
 # vllm.distributed.kv_transfer (scheduler half), found by importing them and installing each
 # missing module (2026-12-03).
