@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -86,49 +87,44 @@ HTTP_PATHS = ("/routing?recent=1", "/cluster", "/metrics", "/health", "/v1/model
               "/v1/kv_cache_info", "/v1/kv_cache_info/tokenizer")
 
 
-def _zmq_listen(ctx: zmq.Context, port: int, listen_s: float) -> int:
-    """Bytes a port gives a SUB (subscribed to everything), a replay request from batch 0
-    (vLLM's replay wire) and a DEALER that just waits, over `listen_s`."""
-    endpoint = f"tcp://127.0.0.1:{port}"
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    replay = ctx.socket(zmq.DEALER)
-    for sock in (sub, replay):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-    time.sleep(0.2)
-    replay.send_multipart((b"", seq_frame(0)))
-    received = 0
-    deadline = time.monotonic() + listen_s
-    while time.monotonic() < deadline:
+def _zmq_listen(ctx: zmq.Context, ports: list[int], listen_s: float) -> dict[int, int]:
+    """Bytes each port gives a SUB (subscribed to everything), a replay request from batch 0
+    (vLLM's replay wire) and a DEALER that just waits, every port at once, over `listen_s`."""
+    port_of: dict[zmq.Socket, int] = {}
+    poller = zmq.Poller()
+    for port in ports:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        replay = ctx.socket(zmq.DEALER)
         for sock in (sub, replay):
-            if sock.poll(50):
-                received += sum(len(f) for f in sock.recv_multipart())
-    sub.close(0)
-    replay.close(0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{port}")
+            poller.register(sock, zmq.POLLIN)
+            port_of[sock] = port
+        replay.send_multipart((b"", seq_frame(0)))  # queued until the connection is up
+    received = dict.fromkeys(ports, 0)
+    deadline = time.monotonic() + listen_s
+    while (left := deadline - time.monotonic()) > 0:
+        for sock, _ in poller.poll(max(1, int(left * 1000))):
+            received[port_of[sock]] += sum(len(f) for f in sock.recv_multipart())
+    for sock in port_of:
+        sock.close(0)
     return received
 
 
 def _probe(report: Any, targets: dict[str, Any]) -> None:
     """Every listener of the cluster as another uid would try it: HTTP GETs (no API key)
-    on each TCP port, the ZeroMQ SUB/replay wire on each, and a connect to each unix socket."""
+    on each TCP port, the ZeroMQ SUB/replay wire on each, and a connect to each unix socket.
+    The ports are tried at once (a GET on a port that does not speak HTTP waits out its
+    timeout), each for as long as when they were tried one after the other."""
     _drop_to_nobody()
     out: dict[str, Any] = {"uid": os.getuid(), "http": {}, "zmq_bytes": {}, "unix": {}}
-    for port in targets["ports"]:
-        for path in HTTP_PATHS:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3.0)
-            try:
-                conn.request("GET", path)
-                resp = conn.getresponse()
-                body = resp.read(4_000_000).decode(errors="replace")
-                out["http"][f"{port}{path}"] = (resp.status, body)
-            except (OSError, http.client.HTTPException) as exc:
-                out["http"][f"{port}{path}"] = (-1, type(exc).__name__)
-            finally:
-                conn.close()
+    gets = [(port, path) for port in targets["ports"] for path in HTTP_PATHS]
+    with ThreadPoolExecutor(max_workers=len(gets) or 1) as pool:
+        for (port, path), answer in zip(gets, pool.map(_http_get, gets), strict=True):
+            out["http"][f"{port}{path}"] = answer
     ctx = zmq.Context()
-    for port in targets["ports"]:
-        out["zmq_bytes"][port] = _zmq_listen(ctx, port, targets.get("listen_s", 1.5))
+    out["zmq_bytes"] = _zmq_listen(ctx, targets["ports"], targets.get("listen_s", 1.5))
     ctx.term()
     for path in targets["unix_paths"]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -138,6 +134,20 @@ def _probe(report: Any, targets: dict[str, Any]) -> None:
             except OSError as exc:
                 out["unix"][path] = f"denied: {exc.strerror}"
     report.send(out)
+
+
+def _http_get(target: tuple[int, str]) -> tuple[int, str]:
+    """(status, body) of a GET of `path` on `port`, or (-1, the error's name)."""
+    port, path = target
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3.0)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read(4_000_000).decode(errors="replace")
+    except (OSError, http.client.HTTPException) as exc:
+        return -1, type(exc).__name__
+    finally:
+        conn.close()
 
 
 def attack_as_nobody(targets: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:

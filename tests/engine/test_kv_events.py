@@ -8,6 +8,7 @@ publisher's encoding cannot cancel out.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import Counter
@@ -93,15 +94,57 @@ def _workload(manager: KVCacheManager, seed: int = 0) -> None:
         d.finish(req)
 
 
-def _receive(sub: zmq.Socket, until_seq: int, timeout: float = 10.0) -> list[tuple[int, bytes]]:
+def _receive(sub: zmq.Socket, until_seq: int, timeout: float = 60.0) -> list[tuple[int, bytes]]:
+    """Batches from `sub` until one numbered `until_seq` arrives (the timeout bounds a broken
+    run only: a passing run returns as soon as that batch is in)."""
     out: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + timeout
-    while (not out or out[-1][0] < until_seq) and time.monotonic() < deadline:
+    while not out or out[-1][0] < until_seq:
+        assert time.monotonic() < deadline, f"batch {until_seq} did not arrive in {timeout}s"
         if sub.poll(100):
             topic, seq, payload = sub.recv_multipart()
             assert topic == b"kv" and len(seq) == 8
             out.append((int.from_bytes(seq, "big"), payload))
     return out
+
+
+FENCE = b"fence:"  # the keys of marker events (no pool holds them)
+_markers = itertools.count()
+
+
+def _fence(publisher: ZmqEventPublisher, sub: zmq.Socket) -> list[tuple[int, bytes]]:
+    """Publish a marker event (the removal of a key no pool holds) and receive up to and
+    including the batch that carries it: events go out in the order they were queued, so
+    every event queued before the marker is in the returned batches. A SUB socket's
+    subscription reaches the PUB side asynchronously and PUB drops what it sends before, so
+    while nothing has arrived yet the fence queues a new marker every 0.2 s; it returns with
+    the batch of the last one queued (once one arrives all later ones do), so no marker
+    follows the fence. No sleep that a loaded machine can outlast."""
+    out: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 60
+    marker = b""
+    while True:
+        if not out:
+            assert time.monotonic() < deadline, "the subscription never went live"
+            marker = FENCE + next(_markers).to_bytes(8, "big")
+            publisher.sink(KVEvent("removed", 0, (marker,)))
+        waited = time.monotonic() + 0.2
+        while out or time.monotonic() < waited:
+            assert time.monotonic() < deadline, "the fence's batch never arrived"
+            if not sub.poll(20):
+                continue
+            topic, seq_bytes, payload = sub.recv_multipart()
+            assert topic == b"kv" and len(seq_bytes) == 8
+            out.append((int.from_bytes(seq_bytes, "big"), payload))
+            if _carries(payload, marker):
+                return out
+
+
+def _carries(payload: bytes, key: bytes) -> bool:
+    return any(
+        isinstance(ev, BlockRemoved) and key in map(bytes, ev.block_hashes)
+        for ev in DECODER.decode(payload).events
+    )
 
 
 def _replay(ctx: zmq.Context, endpoint: str, start: int) -> list[tuple[int, bytes]]:
@@ -133,7 +176,11 @@ def _as_log(batches: list[tuple[int, bytes]]) -> Counter[tuple[str, int, bytes]]
                 assert ev.group_idx is not None and ev.medium == "GPU"
                 seen.update(("stored", ev.group_idx, bytes(h)) for h in ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
-                seen.update(("removed", ev.group_idx, bytes(h)) for h in ev.block_hashes)
+                seen.update(
+                    ("removed", ev.group_idx, bytes(h))
+                    for h in ev.block_hashes
+                    if not bytes(h).startswith(FENCE)  # the test's markers (`_fence`)
+                )
             else:
                 seen[("cleared", -1, b"")] += 1
     return seen
@@ -156,15 +203,11 @@ def test_every_block_of_every_group_once_no_gaps_and_late_replay() -> None:
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     sub.connect(publisher.endpoint)
     try:
-        time.sleep(0.3)  # PUB drops messages until the subscription has propagated
+        first = _fence(publisher, sub)[-1][0] + 1  # the subscription is live from here on
         _workload(manager)
         assert manager.pool.evictions > 0
-        deadline = time.monotonic() + 5
-        while publisher._pending and time.monotonic() < deadline:
-            time.sleep(0.01)
-        last = publisher.published - 1
-        live = _receive(sub, last)
-        assert [s for s, _ in live] == list(range(last + 1))  # no gaps, from 0
+        live = _fence(publisher, sub)  # every workload event has been published and received
+        assert [s for s, _ in live] == list(range(first, first + len(live)))  # no gaps
 
         expected: Counter[tuple[str, int, bytes]] = Counter()
         for e in pool_log:
@@ -178,6 +221,8 @@ def test_every_block_of_every_group_once_no_gaps_and_late_replay() -> None:
             for ev in DECODER.decode(payload).events:
                 kind = "stored" if isinstance(ev, BlockStored) else "removed"
                 for h in ev.block_hashes:
+                    if bytes(h).startswith(FENCE):
+                        continue
                     key = (ev.group_idx, bytes(h))
                     assert life.get(key, "removed") != kind, (kind, key)
                     life[key] = kind
@@ -202,9 +247,9 @@ def test_every_block_of_every_group_once_no_gaps_and_late_replay() -> None:
         # A subscriber that connects late gets what it missed through the replay socket.
         assert publisher.replay_endpoint is not None
         replayed = _replay(ctx, publisher.replay_endpoint, 0)
-        assert replayed == live
-        start = max(0, last - 2)
-        assert _replay(ctx, publisher.replay_endpoint, start) == live[start:]
+        assert replayed[first:] == live and [s for s, _ in replayed] == list(range(len(replayed)))
+        mid = len(live) // 2  # a start past the first batches: only what follows comes back
+        assert _replay(ctx, publisher.replay_endpoint, live[mid][0]) == live[mid:]
     finally:
         sub.close(0)
         ctx.term()
@@ -232,9 +277,9 @@ def test_shutdown_publishes_all_blocks_cleared_and_encoding_is_vllm_shaped() -> 
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(publisher.endpoint)
-    time.sleep(0.3)
+    _fence(publisher, sub)
     publisher.sink(KVEvent("removed", 0, (b"x" * 16,)))
-    publisher.shutdown()
+    publisher.shutdown()  # sends what is queued, then `AllBlocksCleared`, before it closes
     frames = _receive(sub, publisher.published - 1)
     sub.close(0)
     ctx.term()

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from relaykv.launch.cluster import Cluster, Member
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
+from tests.waiting import wait_until
 
 # A member that records its SIGTERM order in a shared file and exits 0 (or crashes at once).
+# Once its handler is in place it creates `<order>.<pid>.ready` (`handlers_installed`).
 MEMBER = """
-import signal, sys, time
+import os, signal, sys, time
 name, order, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "crash":
     sys.exit(3)
@@ -24,6 +26,7 @@ def stop(*_):
     time.sleep(0.2)
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
+open(f"{order}.{os.getpid()}.ready", "w").close()
 while True:
     time.sleep(0.05)
 """
@@ -40,6 +43,14 @@ def stand_in(tmp_path: Path, modes: dict[str, str]) -> Cluster:
     for member in cluster.members:
         cluster.launch(member)
     return cluster
+
+
+def handlers_installed(tmp_path: Path, cluster: Cluster) -> None:
+    """Wait until every running stand-in has its SIGTERM handler (a SIGTERM before that would
+    kill it with -15 instead of letting it record its turn and exit 0)."""
+    running = [m.process.pid for m in cluster.members if m.process and m.process.poll() is None]
+    wait_until(lambda: all((tmp_path / f"order.{pid}.ready").exists() for pid in running),
+               timeout=60, what="the stand-ins' SIGTERM handlers")
 
 
 def poll_until(supervisor: Supervisor, done, timeout: float = 10.0) -> str | None:
@@ -70,6 +81,7 @@ def test_a_dead_member_is_restarted_and_the_others_keep_running(tmp_path: Path) 
         assert {m.name: m.process.pid for m in cluster.members[1:]} == others
         assert deaths == [1]
         assert any("prefill0 exited" in line for line in said)
+        handlers_installed(tmp_path, cluster)  # the restarted prefill0 too
     finally:
         codes = cluster.stop(timeout=10, router_timeout=10)
     assert set(codes.values()) == {0}
@@ -89,7 +101,7 @@ def test_a_crash_loop_stops_supervision_with_the_reason(tmp_path: Path) -> None:
 
 def test_stop_drains_router_then_prefill_then_decode(tmp_path: Path) -> None:
     cluster = stand_in(tmp_path, {"prefill0": "run", "decode0": "run", "router": "run"})
-    time.sleep(0.3)  # let the stand-ins install their handlers
+    handlers_installed(tmp_path, cluster)
     codes = cluster.stop(timeout=10, router_timeout=10)
     assert codes == {"router": 0, "prefill0": 0, "decode0": 0}
     assert (tmp_path / "order").read_text().split() == ["router", "prefill0", "decode0"]

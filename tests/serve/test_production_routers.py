@@ -29,7 +29,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import pytest
 from relaykv.bench.prometheus import parse_samples
 from relaykv.cli import main
 from relaykv.launch.cluster import Cluster, free_port
-from tests.waiting import wait_server_healthy
+from tests.waiting import wait_server_healthy, wait_until
 
 from .harness import ServerThread, reference_served
 
@@ -262,7 +261,15 @@ def test_behind_vllm_router(
         assert through_vllm_router == through_ours
         serial = through_vllm_router["phases"][1]
         assert serial["requests_ok"] == 2 and serial["local_hit_tokens"] >= 2 * 256
-        time.sleep(1.5)  # at least one deep health check of each engine
+        wait_until(  # at least one deep health check of each engine
+            lambda: all(
+                any(p.split("?")[0] == "/health_generate" for _, p, _ in _polls(log, mark))
+                for log, mark in zip(logs, marks, strict=True)
+            ),
+            timeout=30,
+            interval=0.05,
+            what="vllm-router's deep health checks of both engines",
+        )
     finally:
         front.stop()
     front = Front(

@@ -38,6 +38,7 @@ class PDPair:
         transport: str = "tcp",
         blocks: int = 600,
         k: int = 0,
+        d_blocks: int | None = None,
         lease_seconds: float = 30.0,
         timeout_s: float = 10.0,
         idle_timeout_s: float = 5.0,
@@ -46,7 +47,7 @@ class PDPair:
         n = next(_ids)
         self.finished: dict = {}
         self.p = engine(geo, "prefill", policy, blocks, k, **sched)
-        self.d = engine(geo, "decode", policy, blocks, k, **sched)
+        self.d = engine(geo, "decode", policy, blocks if d_blocks is None else d_blocks, k, **sched)
         t = get_transport(transport)
         self.p.attach_connector(
             PDConnector(

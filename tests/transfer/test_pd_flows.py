@@ -11,6 +11,7 @@ from relaykv.kvcache import Geometry, GroupSpec
 from relaykv.transfer.transport import FaultPlan, KVSourceDescriptor
 
 from ..engine.reference_executor import reference_generate
+from ..waiting import wait_until
 from .pd_pair import PDPair
 
 # gpt-oss-like in miniature: draft in the full group, A = b = 4, W = 12.
@@ -198,18 +199,32 @@ def test_bad_transfer_params_are_rejected() -> None:
 
 
 def test_queued_request_keeps_its_lease_alive() -> None:
-    """D is full (one running slot) for longer than P's lease: keep-alives keep P's blocks."""
-    pair = PDPair(GEO, "per-group", "tcp", lease_seconds=0.6)
+    """D's pool has no room for a second request's KV while the first one runs, for three of
+    P's leases: the second waits unadmitted and D's keep-alives, over the real transport,
+    keep P's blocks until D can read them. The first request runs until then by the clock
+    (then it is aborted), the engines stepping every 20 ms, so that its KV grows by about as
+    many blocks on a fast machine as on a slow one."""
+    lease = 0.6
+    pair = PDPair(GEO, "per-group", "tcp", lease_seconds=lease, d_blocks=120)
     pair.d.scheduler.config = type(pair.d.scheduler.config)(
         max_num_batched_tokens=256, max_num_seqs=1, max_model_len=2048
     )
     try:
-        first, second = _tokens(60, 20), _tokens(70, 21)
-        pair.decode("busy", first, pair.prefill("busy", first), 1500)
+        first, second = _tokens(200, 20), _tokens(200, 21)
+        pair.decode("busy", first, pair.prefill("busy", first), 1800)
+        outs: dict[str, list] = {}
+        pool = pair.d.manager.pool
+        wait_until(lambda: pair.step(outs) and pool.num_free < 40, timeout=60,
+                   interval=0, what="the first request to fill D's pool")
         pair.decode("queued", second, pair.prefill("queued", second), 4)
         started = time.monotonic()
-        outs = pair.run(timeout_s=60)
-        assert time.monotonic() - started > 0.6  # the queued request outlived the lease
+        while time.monotonic() - started < 3 * lease:
+            pair.step(outs)
+            assert [r.request_id for r in pair.d.scheduler.waiting] == ["queued"]  # no room
+            assert "queued" in pair.p.connector._held  # P still keeps its blocks
+            time.sleep(0.02)
+        assert pair.d.abort("busy")
+        outs = pair.run(timeout_s=60, outs=outs)
         assert outs["queued"] == reference_generate(GEO, second, 4)
         assert pair.p.manager.stats.lease_expiries == 0
         assert pair.d.manager.stats.loads_failed == 0

@@ -224,7 +224,10 @@ class ZmqEventPublisher:
         with self._room:
             self._room.notify_all()
         self._thread.join(timeout)
-        self._pub.close(0)
+        # What the thread sent may still sit in ZMQ's queue (its IO thread writes it out);
+        # a bounded linger lets the last batches, `AllBlocksCleared` among them, reach
+        # subscribers that are connected, instead of being dropped by close.
+        self._pub.close(linger=int(timeout * 1000))
         if self._replay is not None:
             self._replay.close(0)
         if self._zap is not None:
