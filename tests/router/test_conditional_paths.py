@@ -2,7 +2,7 @@
 local request reaches D alone, without transfer parameters; a D that refuses it for its pool
 (429, `local_admission_refused`) gets it again through P; a D that fails takes nothing more
 and the request goes through P to another D; under `never` it goes to another D alone. Each
-path is in the decision records."""
+path is in the decision records, as is a D too busy with this router's requests to take one."""
 
 from __future__ import annotations
 
@@ -46,8 +46,20 @@ class LocalEngines(Engines):
 class AlwaysLocal(ConditionalRule):
     """The conditional rule with every decision local (the mocks have no KV events)."""
 
-    def decide(self, prompt_tokens: int, hit_tokens: int | None, queued: int) -> PathChoice:
+    def decide(
+        self, prompt_tokens: int, hit_tokens: int | None, queued: int, running: int = 0
+    ) -> PathChoice:
         return PathChoice(True, 3, "test: local")
+
+
+class HeldPrefix(ConditionalRule):
+    """The conditional rule as if D held all but the last 3 tokens of a 100-token prompt
+    (the mocks' router reads no prompt)."""
+
+    def decide(
+        self, prompt_tokens: int, hit_tokens: int | None, queued: int, running: int = 0
+    ) -> PathChoice:
+        return super().decide(100, 97, queued, running)
 
 
 def _router(rule: ConditionalRule, decode: list[str]) -> Router:
@@ -109,6 +121,21 @@ async def test_under_never_a_failed_local_attempt_moves_to_another_decode_engine
     assert resp.status_code == 200 and resp.json()["from"] == D2
     assert [u for u, _ in engines.calls] == [D1, D2]  # P is never called
     assert _paths(router) == [("decode", D1, "local"), ("decode", D2, "local")]
+
+
+async def test_a_decode_engine_running_requests_of_this_router_gets_siblings_through_p() -> None:
+    engines = LocalEngines()
+    router = _router(HeldPrefix(max_running=1), [D1])
+    d1 = router.decode.backends[0]
+    async with _client(router, engines) as client:
+        d1.in_flight = 1  # one stream there: a local prefill may hold it up one step
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+        d1.in_flight = 2  # two: P computes, D only loads
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    assert [u for u, _ in engines.calls] == [D1, P1, D1]
+    assert engines.calls[0][1]["kv_transfer_params"] is None
+    assert _paths(router) == [("decode", D1, "local"), ("decode", D1, "pd"), ("prefill", P1, "pd")]
+    assert router.routing.recent[1].why == "2 requests running there > max running 1"
 
 
 async def test_a_streamed_local_request_is_relayed() -> None:

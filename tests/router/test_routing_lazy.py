@@ -70,6 +70,8 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
             for max_suffix in sorted({0, max(0, suffix - 1), suffix, suffix + 16, 200}):
                 routing.conditional = ConditionalRule(max_suffix=max_suffix)
                 path = routing.decide_path(chosen)
-                exact_path = routing.conditional.decide(len(prompt_tokens), local, 0)
+                exact_path = routing.conditional.decide(
+                    len(prompt_tokens), local, 0, chosen.backend.in_flight
+                )
                 assert path.local == exact_path.local, (trial, max_suffix, path, exact_path)
                 assert path.suffix in (-1, exact_path.suffix)

@@ -103,9 +103,13 @@ def test_cache_aware_routing_keeps_siblings_together() -> None:
 def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     """The router's rule on the simulated cluster: with a max suffix the siblings' suffixes
     fit (32 new tokens + the EAGLE unit), D prefills them itself; nothing is received for
-    them and their first tokens come sooner (no P trip); greedy work is the same."""
+    them and their first tokens come sooner (no P trip); greedy work is the same. A D busy
+    with the router's other requests gets siblings through P (`max_running`)."""
     always = _run("per-group")
-    local = _run("per-group", disaggregation="conditional", conditional_max_suffix=128)
+    local = _run(
+        "per-group", disaggregation="conditional", conditional_max_suffix=128,
+        conditional_max_running=4,
+    )
     # The warmup is P -> D (nothing on D yet); every measured sibling finds the prefix on D.
     assert local["local_requests"] == 12 and always["local_requests"] == 0
     assert local["total_output_tokens"] == always["total_output_tokens"] == 12 * 16
@@ -113,8 +117,19 @@ def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     assert local["mean_ttft_ms"] < always["mean_ttft_ms"]
     # A suffix above the max: P -> D as before; only the resend of the warmup's prompt (the
     # first request) leaves just the EAGLE unit (16 tokens) to compute.
-    short = _run("per-group", disaggregation="conditional", conditional_max_suffix=16)
+    short = _run(
+        "per-group", disaggregation="conditional", conditional_max_suffix=16,
+        conditional_max_running=4,
+    )
     assert short["local_requests"] == 1
+    # The router's default max running (1): at concurrency 4 D runs 3 other requests when
+    # a sibling arrives, so most siblings go P -> D; sequential siblings (c1) all go local.
+    busy = _run("per-group", disaggregation="conditional", conditional_max_suffix=128)
+    assert busy["local_requests"] < 12
+    alone = _run(
+        "per-group", concurrency=1, disaggregation="conditional", conditional_max_suffix=128
+    )
+    assert alone["local_requests"] == 12
 
 
 def test_the_cost_estimate_grows_with_the_p_trip() -> None:

@@ -12,6 +12,7 @@ from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
 from relaykv.router.policy import (
     DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DEFAULT_CONDITIONAL_MAX_RUNNING,
     DEFAULT_CONDITIONAL_MAX_SUFFIX,
     DISAGGREGATION_MODES,
     ROUTING_MODES,
@@ -102,6 +103,15 @@ def add_disaggregation_arguments(parser: argparse.ArgumentParser) -> None:
         help="per decode engine, the local prefill tokens this router may have in flight "
         f"there (default {DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL})",
     )
+    group.add_argument(
+        "--conditional-max-running",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_RUNNING,
+        metavar="REQUESTS",
+        help="a decode engine takes a local request only while this router has at most "
+        "REQUESTS in flight there (a local prefill stalls each of their streams one step; "
+        f"default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
+    )
 
 
 def conditional_rule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ConditionalRule:
@@ -109,11 +119,15 @@ def conditional_rule(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     for flag, value in (
         ("--conditional-max-suffix", args.conditional_max_suffix),
         ("--conditional-max-queued-prefill", args.conditional_max_queued_prefill),
+        ("--conditional-max-running", args.conditional_max_running),
     ):
         if value < 0:
             parser.error(f"argument {flag}: must be >= 0, got {value}")
     return ConditionalRule(
-        args.disaggregation, args.conditional_max_suffix, args.conditional_max_queued_prefill
+        args.disaggregation,
+        args.conditional_max_suffix,
+        args.conditional_max_queued_prefill,
+        args.conditional_max_running,
     )
 
 

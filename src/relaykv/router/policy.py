@@ -27,8 +27,11 @@ the fewest blocks wins them (new prefixes spread over the caches), then round ro
 local request), when it holds part of the prompt (a usable hybrid-exact hit: the engine
 serves the siblings of what it holds) and the suffix that hit leaves is at most
 `max_suffix` tokens and the local prefill this router has queued there, this suffix
-included, stays within `max_queued_prefill`; otherwise P -> D. `always` is P -> D for every
-request, `never` local for every one (colocated-style, decode engines only).
+included, stays within `max_queued_prefill` and this router has at most `max_running`
+requests in flight there (a local prefill holds up every stream D runs for a step: P/D keeps
+their inter-token latency, so a busy D gets its siblings through P); otherwise P -> D.
+`always` is P -> D for every request, `never` local for every one (colocated-style, decode
+engines only).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ def default_sibling_reach(max_suffix: int) -> int:
 # Per decode engine, local prefill tokens queued by this router (not yet answered): eight
 # suffixes of the default size, so a burst of siblings spills over to P.
 DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL = 4096
+# Per decode engine, requests this router may have in flight there (decoding, loading or
+# prefilling) for it to take a local request: the local prefill stalls each of them one step.
+# One: a request arriving as the previous one's stream ends still goes local; with two or
+# more streams running, P -> D keeps their inter-token latency (docs/routing.md, measured).
+DEFAULT_CONDITIONAL_MAX_RUNNING = 1
 # Scores this close count as tied (round robin): a 1.7% difference in KV usage (kv_weight
 # 0.3) is noise from the last metrics scrape, while one block of a 2k-token prompt's hit
 # (0.7%) still counts.
@@ -197,6 +205,7 @@ class ConditionalRule:
     mode: str = "conditional"
     max_suffix: int = DEFAULT_CONDITIONAL_MAX_SUFFIX
     max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+    max_running: int = DEFAULT_CONDITIONAL_MAX_RUNNING
 
     def __post_init__(self) -> None:
         if self.mode not in DISAGGREGATION_MODES:
@@ -210,6 +219,8 @@ class ConditionalRule:
             raise ValueError(
                 f"conditional_max_queued_prefill must be >= 0, got {self.max_queued_prefill}"
             )
+        if self.max_running < 0:
+            raise ValueError(f"conditional_max_running must be >= 0, got {self.max_running}")
 
     def settled_by_bound(self, prompt_tokens: int, hit_bound: int) -> PathChoice | None:
         """The path `decide` gives whatever the exact hit, when an upper bound of it already
@@ -225,10 +236,13 @@ class ConditionalRule:
             return PathChoice(False, -1, f"suffix >= {least} > max suffix {self.max_suffix}")
         return None
 
-    def decide(self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int) -> PathChoice:
+    def decide(
+        self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int, running: int = 0
+    ) -> PathChoice:
         """The path of a `prompt_tokens`-token prompt whose usable hit on the chosen decode
         engine is `hit_tokens` (None: unknown, the prompt was not read) while this router
-        has `queued_prefill` local prompt tokens queued there."""
+        has `queued_prefill` local prompt tokens queued there and `running` requests in
+        flight there (not counting this one)."""
         suffix = prompt_tokens - hit_tokens if hit_tokens is not None else -1
         if self.mode == "never":
             return PathChoice(True, suffix, "--disaggregation never")
@@ -245,6 +259,10 @@ class ConditionalRule:
                 False,
                 suffix,
                 f"queued local prefill {queued_prefill} + {suffix} > {self.max_queued_prefill}",
+            )
+        if running > self.max_running:
+            return PathChoice(
+                False, suffix, f"{running} requests running there > max running {self.max_running}"
             )
         return PathChoice(True, suffix, f"suffix {suffix} <= max suffix {self.max_suffix}")
 

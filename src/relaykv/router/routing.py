@@ -114,7 +114,9 @@ class Routing:
                 if rule.mode != "always" and prompt is not None and index is not None:
                     hit = index.local_hit(prompt.request_for(index))
                 queued = self.in_flight.queued_prefill(choice.backend.url)
-                path = rule.decide(n, hit, queued)
+                # This router's requests on D now (streams, loads, local prefills; this
+                # request is counted once it is sent).
+                path = rule.decide(n, hit, queued, choice.backend.in_flight)
         record = choice.record
         record.path, record.why = path.path, path.why
         record.local_suffix = path.suffix
@@ -157,6 +159,7 @@ class Routing:
                 "mode": rule.mode,
                 "max_suffix": rule.max_suffix,
                 "max_queued_prefill": rule.max_queued_prefill,
+                "max_running": rule.max_running,
                 "paths": dict(self.paths),
             },
             **({"recent": [asdict(d) for d in self.recent]} if recent else {}),

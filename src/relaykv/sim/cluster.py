@@ -34,6 +34,7 @@ from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams
 from relaykv.kvcache import PDPolicy, Role
 from relaykv.router.policy import (
     DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DEFAULT_CONDITIONAL_MAX_RUNNING,
     ConditionalRule,
     default_sibling_reach,
 )
@@ -73,6 +74,7 @@ class ClusterSpec:
     disaggregation: str = "always"  # relaykv router's --disaggregation (module docstring)
     conditional_max_suffix: int | None = None  # None: the cost estimate from the presets
     conditional_max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+    conditional_max_running: int = DEFAULT_CONDITIONAL_MAX_RUNNING
 
     def trip_seconds(self) -> float:
         """The P trip's fixed cost: P's answer back through the router and the hop on to D,
@@ -87,7 +89,12 @@ class ClusterSpec:
                 self.model, self.hardware, self.decode_tp, self.trip_seconds(),
                 self.scheduler.max_model_len,
             )
-        return ConditionalRule(self.disaggregation, max_suffix, self.conditional_max_queued_prefill)
+        return ConditionalRule(
+            self.disaggregation,
+            max_suffix,
+            self.conditional_max_queued_prefill,
+            self.conditional_max_running,
+        )
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@ scored as the router does: the index's cheap `hit_bound`, then its exact `usable
 engine's queue and KV usage are read at the moment of the decision (the real router sees
 them at its last health tick: simulator.md "What is not modelled"). `path` applies the
 router's `ConditionalRule` to a chosen decode engine (its hybrid-exact local hit from the
-index, the local prefill queued there), as `Routing.decide_path` does.
+index, the local prefill queued there, the requests the router has in flight there), as
+`Routing.decide_path` does.
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ class SimRouter:
         hit = None
         if index is not None and self.conditional.mode != "always":
             hit = index.local_hit(Prompt(tokens).request_for(index))
-        return self.conditional.decide(len(tokens), hit, self.queued.get(engine.name, 0))
+        # The router's requests on the engine, this one (counted by `pick`) left out.
+        running = self.backends[engine.name].in_flight - 1
+        return self.conditional.decide(
+            len(tokens), hit, self.queued.get(engine.name, 0), max(0, running)
+        )
 
     def queue(self, engine: SimEngine, request_id: str, tokens: int) -> None:
         """A local request's prefill is queued on `engine` until its first token."""

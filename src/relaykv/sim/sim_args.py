@@ -23,6 +23,7 @@ from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
 from relaykv.router.policy import (
     DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+    DEFAULT_CONDITIONAL_MAX_RUNNING,
     DISAGGREGATION_MODES,
     ROUTING_MODES,
 )
@@ -152,6 +153,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     )
     g.add_argument(
+        "--conditional-max-running",
+        type=int,
+        default=DEFAULT_CONDITIONAL_MAX_RUNNING,
+    )
+    g.add_argument(
         "--kv-offloading-size",
         type=parse_size,
         default=None,
@@ -250,7 +256,9 @@ def cluster_spec(
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 1")
     if args.num_prefill < 0 or args.speculative_tokens < 0:
         parser.error("argument --num-prefill/--speculative-tokens: must be >= 0")
-    for flag in ("conditional_max_suffix", "conditional_max_queued_prefill"):
+    for flag in (
+        "conditional_max_suffix", "conditional_max_queued_prefill", "conditional_max_running"
+    ):
         value = getattr(args, flag, None)
         if value is not None and value < 0:
             parser.error(f"argument --{flag.replace('_', '-')}: must be >= 0")
@@ -306,6 +314,9 @@ def cluster_spec(
         conditional_max_suffix=getattr(args, "conditional_max_suffix", None),
         conditional_max_queued_prefill=getattr(
             args, "conditional_max_queued_prefill", DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+        ),
+        conditional_max_running=getattr(
+            args, "conditional_max_running", DEFAULT_CONDITIONAL_MAX_RUNNING
         ),
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_bandwidth=args.kv_offloading_bandwidth * 1e9,
