@@ -11,6 +11,12 @@ load into slowdowns of 3-10x (tiny-hybrid's forced-preemption test: 5-18 s with 
 threads, 1.9 s with one; `benchmarks/sim_validate.py` pins its engines the same way). What
 the tests compare is computed in the same configuration as its reference.
 
+Byte-code caching on: `PYTHONDONTWRITEBYTECODE` is dropped for the test process and every
+process it starts. With it set (as in some environments), every pytest session and xdist
+worker rewrote and compiled each test module again (about 5 s of CPU per collection) and
+every `relaykv` process a test starts compiled relaykv's modules again (about 0.5 s of CPU
+each). The `.pyc` files go to the `__pycache__` folders git ignores.
+
 `make test` runs the suite on two xdist workers, long files first (tests/file_order.py), then
 the tests marked `exclusive` in a second, single-process session (tests/exclusive.py).
 """
@@ -30,6 +36,8 @@ from tests import exclusive, file_order
 # At import, not in pytest_configure: the conftests of the paths on the command line (torch
 # in tests/model/conftest.py) are imported before any pytest_configure runs.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
 if "torch" in sys.modules:  # imported by a plugin already: too late for the variable
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -221,3 +221,81 @@ def test_chunked_prefill_keeps_the_windows_whole_prompt_caching_keeps(chunk, dra
     whole_cached = {k for k in range(6) if req.keys(1)[k] in whole.pool.maps[1]}
     assert cached == whole_cached
     assert hit == (96 if draft is None else 80)
+
+
+def test_lookup_cap_bounds_the_hit_and_admit_takes_the_handed_hit() -> None:
+    m = KVCacheManager(geometry("full:16", "sliding:16:32"), 64, retention="dense")
+    d = Driver(m)
+    first, _ = d.prefill(tokens(80))
+    d.finish(first)
+    req = m.add_request("again", tokens(80))
+    assert m.lookup(req).tokens == 64
+    capped = m.lookup(req, cap=40)
+    assert capped.tokens == 32 and capped.epoch == m.pool.key_epoch
+    # The handed hit is taken as is (no second lookup): same blocks, same resume point.
+    admission = m.admit(req, 80, hit=capped)
+    assert admission is not None and admission.start == 32
+    assert req.tables[0][:2] == capped.blocks[0]
+    assert_consistent(m)
+
+
+def test_admit_looks_up_again_when_a_key_left_the_pool_since() -> None:
+    m = KVCacheManager(geometry("full:16"), 64)
+    d = Driver(m)
+    first, _ = d.prefill(tokens(80))
+    d.finish(first)
+    req = m.add_request("again", tokens(80))
+    hit = m.lookup(req)
+    assert hit.tokens == 64
+    m.pool.uncache(hit.blocks[0][3:])  # drops block 3's key
+    assert m.pool.key_epoch != hit.epoch
+    admission = m.admit(req, 80, hit=hit, cap=64)
+    assert admission is not None and admission.start == 48
+    assert_consistent(m)
+
+
+def test_external_tokens_get_blocks_and_free_the_windows_below_them() -> None:
+    # A connector writes tokens [16, 96) of a 100-token prompt; 4 are computed here.
+    m = KVCacheManager(geometry("full:16", "sliding:16:32"), 64)
+    d = Driver(m)
+    first, _ = d.prefill(tokens(20))
+    d.finish(first)
+    req = m.add_request("loaded", tokens(100))
+    hit = m.lookup(req)
+    assert hit.tokens == 16
+    admission = m.admit(req, 100, hit=hit, external=80)
+    assert admission is not None and admission.start == 16 and admission.num_tokens == 4
+    assert len(req.tables[0]) == 7 and all(req.tables[0])
+    # Position 96 reads [65, 96]: sliding blocks 0..3 are never read here.
+    assert req.tables[1][:4] == [0] * 4 and all(req.tables[1][4:])
+    # Nothing past the hit is keyed until commit says it is written.
+    assert req.num_cached_blocks[0] == 1
+    m.commit(req, 100)
+    assert req.num_cached_blocks[0] == 6
+    with pytest.raises(ValueError, match="external tokens"):
+        m.admit(m.add_request("x", tokens(10)), 1, external=11)
+    assert_consistent(m)
+
+
+def test_admit_keeps_the_reserved_blocks_free() -> None:
+    m = KVCacheManager(geometry("full:16"), 9)
+    req = m.add_request("a", tokens(64))
+    assert m.admit(req, 64, keep_free=5) is None and not any(req.tables)
+    assert m.admit(req, 64, keep_free=4) is not None and m.pool.num_free == 4
+
+
+def test_detached_preemption_holds_the_blocks_until_handed_back() -> None:
+    m = KVCacheManager(geometry("full:16", "sliding:16:64"), 64)
+    d = Driver(m)
+    req, _ = d.prefill(tokens(100))
+    held = sum(1 for table in req.tables for b in table if b)
+    free = m.pool.num_free
+    blocks = m.preempt(req, detach=True)
+    assert len(blocks) == held and not any(req.tables) and m.pool.num_free == free
+    # Re-admitted at once, it hits its own (still held, keyed) blocks.
+    again = m.admit(req, 100)
+    assert again is not None and again.start > 0
+    m.free_detached(blocks)
+    assert m.pool.num_free > free - held
+    m.release(req)
+    assert m.pool.num_free == m.pool.num_usable

@@ -13,11 +13,15 @@ from .strategies import geometries
 
 
 def _hits(geo, retention: str, prompt: list[int], chunk: int) -> tuple[int, int]:
-    m = KVCacheManager(geo, 4096, retention=retention)
+    # 512 blocks hold every block of a 200-token prompt and its decode at the smallest block
+    # size (2) in each of 3 groups: no eviction (checked). A bigger pool only makes each
+    # step's invariant check (linear in the pool) slower.
+    m = KVCacheManager(geo, 512, retention=retention)
     d = Driver(m)
     req, _ = d.prefill(prompt, chunk=chunk)
     d.decode(req, 3)
     d.finish(req)
+    assert m.pool.evictions == 0
     resend = m._lookup(m.add_request("resend", prompt)).tokens
     extension = m._lookup(m.add_request("extension", [*prompt, 999, 998, 997])).tokens
     return resend, extension

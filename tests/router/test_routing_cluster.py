@@ -23,9 +23,7 @@ import pytest
 
 from relaykv.launch.cluster import Cluster, free_port
 
-# Exclusive: the killed engine must leave the rotation within 2 s, a bound on how fast the
-# router reacts that another test's load should not eat into (tests/exclusive.py).
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = pytest.mark.slow
 
 ENGINE_ARGS = [
     "--model",
@@ -89,6 +87,9 @@ async def _load(url: str, n: int, concurrency: int = 3, first_prefix: int = 0) -
     return statuses
 
 
+# Exclusive: the killed engine must leave the rotation within 2 s, a bound on how fast the
+# router reacts that another test's load should not eat into (tests/exclusive.py).
+@pytest.mark.exclusive
 def test_affinity_second_router_kill_and_restart(tmp_path: Path) -> None:
     cluster = Cluster(
         engine_args=ENGINE_ARGS,

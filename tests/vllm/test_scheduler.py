@@ -88,3 +88,73 @@ def test_kv_events_keep_vllm_s_format(model_dirs) -> None:
     events = s.kv_cache_manager.take_events()
     assert isinstance(events[0], BlockRemoved) and events[0].group_idx == 0
     assert isinstance(events[-1], AllBlocksCleared)
+
+
+def test_the_hit_cap_of_vllm_s_scheduler_bounds_the_hit(model_dirs) -> None:
+    # vLLM passes `max_cache_hit_length` (an aux-output connector's retained prefix) to
+    # get_computed_blocks; relaykv's hit stays below it, aligned, and admit takes that hit.
+    options = {"pd_policy": "per-group", "retention": "dense"}
+    spec = EngineSpec(preset("gpt-oss-like"), options, None, "E", 512, 4096)
+    s = build_scheduler(spec, model_dirs)
+    worker = StandInWorker(s)
+    prompt = list(range(1, 301))
+    s.add_request(_request("a", prompt, None, 16))
+    _run_to_end(worker, "a")
+    again = _request("b", prompt, None, 16)
+    manager = s.kv_cache_manager
+    assert manager.get_computed_blocks(again)[1] == 272  # N-1, aligned, EAGLE drop
+    blocks, tokens, _ = manager.get_computed_blocks(again, 100)
+    assert tokens == 96 and len(blocks.blocks[0]) == 6
+    new = manager.allocate_slots(again, 300 - 96, num_new_computed_tokens=96)
+    assert new is not None
+    assert manager.get_blocks("b").blocks[0][:6] == blocks.blocks[0]
+
+
+def test_a_model_without_relaykv_rules_runs_stock_vllm(model_dirs, monkeypatch, caplog) -> None:
+    import relaykv.vllm.scheduler as module
+
+    def refuse(*args, **kwargs):
+        raise module.UnsupportedKVCacheSpec("KV cache group 1 (MambaSpec) has no relaykv rule")
+
+    monkeypatch.setattr(module, "geometry_from_kv_cache_config", refuse)
+    with caplog.at_level("WARNING", logger="relaykv.vllm.scheduler"):
+        s = _engine(model_dirs, "per-group", "kv_consumer")
+    assert type(s.kv_cache_manager) is VllmKVCacheManager and s.relaykv is None
+    assert "MambaSpec" in s.relaykv_fallback
+    assert "stock vLLM's KV cache manager" in caplog.text
+    assert s.connector.connector_scheduler.relay is None  # NIXL as shipped
+
+
+def _load_from_a_stock_prefill_engine(model_dirs, policy: str):
+    d = _engine(model_dirs, policy, "kv_consumer")
+    worker = StandInWorker(d)
+    prompt = list(range(1, 301))
+    params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(range(1, 20)), list(range(20, 30))],
+        "remote_engine_id": "P",
+        "remote_request_id": "p-a",
+        "remote_host": "localhost",
+        "remote_port": 1234,
+        "tp_size": 1,
+    }
+    d.add_request(_request("a", prompt, params, 16))
+    worker.step()
+    keyed = None
+    if d.relaykv is not None:
+        creq = d.relaykv.relay.requests["a"]
+        assert creq.role.value == "colocated" and creq.load is None
+        keyed = list(creq.num_cached_blocks)
+    _run_to_end(worker, "a")
+    again = d.kv_cache_manager.get_computed_blocks(_request("b", prompt, None, 16))[1]
+    return worker.received["a"], keyed, again
+
+
+def test_a_load_from_a_prefill_engine_without_the_plugin_is_stock_vllm_s(model_dirs) -> None:
+    # No relaykv_pd_policy in the parameters: NIXL's own pairing fills the blocks relaykv
+    # allocated for the external tokens, keyed once the load ends: what stock vLLM does.
+    received, keyed, again = _load_from_a_stock_prefill_engine(model_dirs, "per-group")
+    assert keyed == [0, 0]  # nothing keyed while the load flies
+    assert (received, again) == _load_from_a_stock_prefill_engine(model_dirs, "legacy")[::2]
+    assert received == [19, 9] and again == 0  # NIXL's window clip: no reuse (PR #56449)

@@ -17,6 +17,8 @@ One request, in order (a call that returns None or False changed nothing):
                                                       #   pool is full, preempt someone
     cache.commit(req, processed, new_tokens)          # after each step: hash, slide windows
     cache.preempt(req)                                # back to waiting; admit() again later
+                                                      #   (detach=True: blocks a step in
+                                                      #   flight writes; free_detached later)
     held = cache.hold_for_transfer(req)               # prefill engine: keep the plan for D
     # received from a prefill engine (a decode engine):
     load = cache.receive(req)                         # None: wait; else fill load.receive
@@ -115,16 +117,23 @@ class CacheLifecycle(Protocol):
         *,
         lookahead: int = 0,
         must_fit: int | None = None,
+        hit: LocalHit | None = None,
+        cap: int | None = None,
+        external: int = 0,
+        keep_free: int = 0,
     ) -> Admission | None:
         """Look `req` up (§5) and give it blocks for its hit plus up to `budget` tokens
         (+ `lookahead` slots when that reaches its last token); with `must_fit`, only if
         that many tokens fit under the per-request caps (§8). None: the pool cannot hold it
-        now."""
+        now. `hit`: `lookup(req, cap)`'s answer, reused while it still holds. `external`:
+        tokens after the hit a KV connector writes (blocks, no compute). `keep_free`: blocks
+        the admission must leave free (a driver's reservation)."""
         ...
 
-    def lookup(self, req: CacheRequest) -> LocalHit:
-        """The local hit `admit` would take for `req` now (§5); changes no block. For a
-        driver whose scheduler asks before it allocates (vLLM's, `relaykv.vllm`)."""
+    def lookup(self, req: CacheRequest, cap: int | None = None) -> LocalHit:
+        """The local hit `admit` would take for `req` now (§5), resuming at most at `cap`;
+        changes no block. For a driver whose scheduler asks before it allocates (vLLM's,
+        `relaykv.vllm`), which hands it to `admit`."""
         ...
 
     def receive_local_tokens(self, req: CacheRequest) -> int:
@@ -142,8 +151,14 @@ class CacheLifecycle(Protocol):
         positions `[0, processed)`, free what no later position reads (§6)."""
         ...
 
-    def preempt(self, req: CacheRequest) -> None:
-        """Release a running request's blocks for recompute; it stays open with its hashes."""
+    def preempt(self, req: CacheRequest, *, detach: bool = False) -> list[int]:
+        """Release a running request's blocks for recompute; it stays open with its hashes.
+        `detach`: a step in flight may still write them: they stay held and are returned
+        for `free_detached` once that step is processed."""
+        ...
+
+    def free_detached(self, blocks: Sequence[int]) -> None:
+        """Return blocks `preempt(detach=True)` handed out."""
         ...
 
     def hold_for_transfer(self, req: CacheRequest) -> list[list[tuple[int, int]]]:

@@ -44,6 +44,9 @@ class LocalHit:
     # Per group, `(block index, tier slot)` of blocks the hit loads from the KV tier (their
     # `blocks` entries are nulls until allocated; docs/tier.md). Empty without a tier.
     tier: list[list[tuple[int, int]]] = field(default_factory=list)
+    # The pool's `key_epoch` when `KVCacheManager.lookup` found it (-1: not stamped); `admit`
+    # takes a handed-over hit as is only at an unchanged epoch.
+    epoch: int = -1
 
     @property
     def num_tier_blocks(self) -> int:

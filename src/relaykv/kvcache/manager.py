@@ -144,17 +144,38 @@ class KVCacheManager:
         *,
         lookahead: int = 0,
         must_fit: int | None = None,
+        hit: LocalHit | None = None,
+        cap: int | None = None,
+        external: int = 0,
+        keep_free: int = 0,
     ) -> Admission | None:
         """Look `req` up (§5) and give it blocks for its hit plus up to `budget` tokens
         (+ `lookahead` slots when that reaches its last token). With `must_fit`, admit only if
         that many tokens could fit under the per-request caps (§8). None changes nothing:
         the pool cannot hold it now. Records the hit in the stats (a re-admission after a
-        preemption counts as such)."""
-        hit = self._lookup(req, tiered=True)
-        n = min(req.num_tokens - hit.tokens, budget)
-        extra = lookahead if hit.tokens + n == req.num_tokens else 0
-        if not self._allocate(req, hit.tokens + n, hit=hit, lookahead=extra, must_fit=must_fit):
+        preemption counts as such).
+
+        `hit`: what `lookup(req, cap)` returned just before (a driver that asks first);
+        taken as is while no key left the pool since (`BlockPool.key_epoch`), else `req` is
+        looked up again under `cap` (the lookup's resume cap). `external`: the tokens after
+        the hit that a KV connector writes (a driver's external prefix cache), not computed
+        here: they get blocks, and the window blocks below them are freed at once (§6: no
+        position computed here reads them); they are keyed, like computed ones, once
+        `commit` says they are written. `keep_free`: blocks the driver reserves for others
+        (the admission leaves at least that many free)."""
+        if hit is None or hit.epoch != self.pool.key_epoch or self.tier is not None:
+            hit = self._lookup(req, tiered=True, cap=cap)
+        if external < 0 or hit.tokens + external > req.num_tokens:
+            raise ValueError(f"request {req.request_id}: {external} external tokens do not fit")
+        start = hit.tokens + external
+        n = min(req.num_tokens - start, budget)
+        extra = lookahead if start + n == req.num_tokens else 0
+        if not self._allocate(
+            req, start + n, hit=hit, lookahead=extra, must_fit=must_fit, keep_free=keep_free
+        ):
             return None
+        if external:
+            self._free_skipped(req, start)
         readmitted = req.num_admissions > 0
         req.num_admissions += 1
         from_tier = 0
@@ -302,18 +323,29 @@ class KVCacheManager:
             return
         self._release(req)
 
-    def preempt(self, req: CacheRequest) -> None:
+    def preempt(self, req: CacheRequest, *, detach: bool = False) -> list[int]:
         """Release a running request's blocks for recompute; it stays registered, with its
-        tokens and hashes, so re-admission starts with a lookup of its own prefix."""
+        tokens and hashes, so re-admission starts with a lookup of its own prefix.
+
+        `detach`: a step still in flight may write the blocks. They leave the request but
+        stay held (its keyed blocks can still be hit) and are returned, tail first; the
+        caller hands them to `free_detached` once that step is processed."""
         if req.load is not None or (self.tier is not None and req.request_id in self.tier.loading):
             raise RuntimeError(f"request {req.request_id} cannot be preempted while loading")
-        self._release(req, forget=False)
+        return self._release(req, forget=False, detach=detach)
+
+    def free_detached(self, blocks: Sequence[int]) -> None:
+        """Return the blocks `preempt(detach=True)` handed out (in the order it gave)."""
+        self.pool.free(blocks)
 
     # -- observing the cache ----------------------------------------------------------------
-    def lookup(self, req: CacheRequest) -> LocalHit:
+    def lookup(self, req: CacheRequest, cap: int | None = None) -> LocalHit:
         """The local hit `admit` would take for `req` now (§5); changes no block. For a
-        driver whose scheduler asks before it allocates (the vLLM plugin)."""
-        return self._lookup(req)
+        driver whose scheduler asks before it allocates (the vLLM plugin): it hands the hit
+        to `admit`. `cap`: resume no later than this token (the hit stays aligned)."""
+        hit = self._lookup(req, cap=cap)
+        hit.epoch = self.pool.key_epoch
+        return hit
 
     def receive_local_tokens(self, req: CacheRequest) -> int:
         """The local tokens `receive` would reuse for `req` now (§7, `KVLoad.local_tokens`);
@@ -334,22 +366,24 @@ class KVCacheManager:
         return check_manager(self)
 
     # -- lookup and allocation (private: drivers use the lifecycle) --------------------
-    def _lookup(self, req: CacheRequest, tiered: bool = False) -> LocalHit:
-        """The exact local hit of a request that holds no blocks yet (§5); `tiered`: over
-        the pool and the tier (docs/tier.md), with the blocks to load in `hit.tier`."""
+    def _lookup(
+        self, req: CacheRequest, tiered: bool = False, cap: int | None = None
+    ) -> LocalHit:
+        """The exact local hit of a request that holds no blocks yet (§5), resuming at most
+        at `cap`; `tiered`: over the pool and the tier (docs/tier.md), with the blocks to
+        load in `hit.tier`."""
         if not self.pool.enable_caching:
             return LocalHit(0, [[] for _ in self.rules])
+        limit = req.num_tokens - 1 if cap is None else min(cap, req.num_tokens - 1)
         if req.role is CacheRole.PREFILL and self.sibling_reach:
             # The sibling reach's extra window blocks, when P still has them cached, are
             # attached rather than recomputed (`_attach_reach`); else the reach caps the hit.
-            plain = min(
-                req.num_tokens - 1, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req)
-            )
+            plain = min(limit, prefill_hit_cap(self.geometry, self.rules, self.pd_policy, req))
             reached = self._attach_reach(req, find_longest_hit(req, self.rules, self.pool, plain))
             if reached is not None:
                 req.junction = reached.junction
                 return reached
-        cap = self._cap(req)
+        cap = min(limit, self._cap(req))
         if tiered and self.tier is not None:
             # A shared tier first adopts what other engines stored of this prompt.
             self.tier.discover(req, self.pool, cap, (*self._boundaries(req), req.junction))
@@ -426,6 +460,7 @@ class KVCacheManager:
         hit: LocalHit | None = None,
         lookahead: int = 0,
         must_fit: int | None = None,
+        keep_free: int = 0,
     ) -> bool:
         """Make the tables cover positions `[0, num_tokens + lookahead)`.
 
@@ -436,7 +471,7 @@ class KVCacheManager:
         total = num_tokens + lookahead
         if must_fit is not None and not self._can_fit(req, must_fit, hit):
             return False
-        if self._blocks_needed(req, total, hit) > self.pool.num_free:
+        if self._blocks_needed(req, total, hit) + keep_free > self.pool.num_free:
             return False
         if hit is not None and not any(req.tables):
             for rule in self.rules:
@@ -511,17 +546,19 @@ class KVCacheManager:
             if dead:
                 self.pool.free(dead)  # deepest first: evicted before its parents (§3)
 
-    def _release(self, req: CacheRequest, forget: bool = True) -> None:
+    def _release(self, req: CacheRequest, forget: bool = True, detach: bool = False) -> list[int]:
         blocks: list[int] = []
         for table in req.tables:
             blocks.extend(b for b in reversed(table) if b)
             table.clear()
         req.num_cached_blocks = [0] * len(self.rules)
-        self.pool.free(blocks)
+        if not detach:
+            self.pool.free(blocks)
         if forget:
             self.requests.pop(req.request_id, None)
             if self.tier is not None:
                 self.tier.forget(req)
+        return blocks
 
     # -- prefill side of P/D ---------------------------------------------------------------
     def hold_for_transfer(self, req: CacheRequest) -> list[list[tuple[int, int]]]:

@@ -83,6 +83,9 @@ class BlockPool:
         self._next_fresh = 1  # blocks [_next_fresh, num_blocks) were never used
         self._cached: OrderedDict[int, None] = OrderedDict()  # first = next victim
         self.evictions = 0
+        # Bumped whenever a key leaves the maps (eviction, uncache, reset): a hit looked up
+        # at an unchanged epoch still holds (`KVCacheManager.admit(hit=...)`).
+        self.key_epoch = 0
 
     # -- capacity ------------------------------------------------------------------
     @property
@@ -125,6 +128,7 @@ class BlockPool:
                 self.block_group[block] = -1
                 removed.setdefault(group, []).append(key)
                 self.evictions += 1
+                self.key_epoch += 1
             out.append(block)
         ref = self.ref_cnt
         for block in out:
@@ -217,6 +221,7 @@ class BlockPool:
             del self.maps[group][key]
             self.block_key[block] = None
             self.block_group[block] = -1
+            self.key_epoch += 1
             if self.ref_cnt[block] == 0:
                 # An idle block without a hash belongs to the scratch segment.
                 del self._cached[block]
@@ -235,6 +240,7 @@ class BlockPool:
         self._cached.clear()
         for gmap in self.maps:
             gmap.clear()
+        self.key_epoch += 1
         if self.on_event is not None:
             self.on_event(KVEvent("cleared"))
         return True

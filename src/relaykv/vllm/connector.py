@@ -17,11 +17,14 @@ relaykv policy); otherwise the connector is exactly `NixlConnector`.
   same block indices, so NIXL's end-aligned pairing (`_apply_prefix_caching`) pairs them
   index by index.
 * Both sides put `relaykv_pd_policy` in the transfer parameters; a decode engine refuses a
-  prefill engine that ran another policy (the plan would differ).
+  prefill engine that ran another policy (the plan would differ). A prefill engine without
+  the plugin sends none: its loads are NIXL's own, into the blocks relaykv allocated (stock
+  vLLM's behaviour, logged once).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -31,16 +34,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 )
 from vllm.v1.request import Request, RequestStatus
 
+from relaykv.kvcache.pd_config import Role
 from relaykv.kvcache.pd_plan import pd_plan
-from relaykv.vllm.manager import RelayKVCacheManager
+from relaykv.vllm.manager import POLICY_PARAM, RelayKVCacheManager, request_role
 
-POLICY_PARAM = "relaykv_pd_policy"
+logger = logging.getLogger(__name__)
 
 
 class RelayKVConnectorScheduler(NixlPullConnectorScheduler):
     """NIXL's scheduler half; block lists from relaykv's plan when `relay` is bound."""
 
     relay: RelayKVCacheManager | None = None
+    _warned_stock_prefill = False
 
     def get_exchange_clipped_blocks(self, block_ids: Any, clip_ssm: bool = True) -> Any:
         if self.relay is None:
@@ -54,6 +59,18 @@ class RelayKVConnectorScheduler(NixlPullConnectorScheduler):
         relay = self.relay
         params = request.kv_transfer_params
         if relay is None or not params or not params.get("do_remote_prefill"):
+            return super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if request_role(request) is not Role.DECODE:
+            # The prefill engine ran stock vLLM (no relaykv plan): NIXL's own pairing fills
+            # the blocks relaykv allocated, as in stock vLLM (no decode-side reuse).
+            if not self._warned_stock_prefill:
+                self._warned_stock_prefill = True
+                logger.warning(
+                    "relaykv.vllm: request %s comes from a prefill engine without relaykv.vllm "
+                    "(no %s): loaded as stock vLLM does, without relaykv's decode-side reuse",
+                    request.request_id,
+                    POLICY_PARAM,
+                )
             return super().update_state_after_alloc(request, blocks, num_external_tokens)
         remote = params.get("remote_block_ids")
         if remote and num_external_tokens > 0:

@@ -32,29 +32,53 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import KVCacheEvent
+from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
 from vllm.v1.request import Request
 
 from relaykv.kvcache.geometry import Geometry
+from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pd_config import PDPolicy, Role
 from relaykv.kvcache.pd_plan import pd_plan
+from relaykv.kvcache.pool import BlockPool as RelayBlockPool
 from relaykv.kvcache.pool import KVEvent
 from relaykv.kvcache.request import CacheRequest, KVLoad
 from relaykv.vllm.events import to_vllm_event
 from relaykv.vllm.options import PluginOptions
 
+# The transfer parameter naming the relaykv policy the prefill engine ran (both sides).
+POLICY_PARAM = "relaykv_pd_policy"
+
 
 def request_role(request: Request) -> Role:
-    """What a vLLM request is to the cache: the decode side of a P/D transfer (its KV comes
-    from a prefill engine), the prefill side (its KV goes to a decode engine), or neither."""
+    """What a vLLM request is to the cache: the decode side of a P/D transfer from a prefill
+    engine that ran relaykv's plan, the prefill side (its KV goes to a decode engine), or
+    neither. A load from a prefill engine without the plugin (no `relaykv_pd_policy` in
+    its parameters) is an ordinary connector load into the blocks relaykv allocates, as in
+    stock vLLM."""
     params = request.kv_transfer_params or {}
     if params.get("do_remote_prefill"):
-        return Role.DECODE
+        return Role.DECODE if POLICY_PARAM in params else Role.COLOCATED
     if params.get("do_remote_decode"):
         return Role.PREFILL
     return Role.COLOCATED
+
+
+class RelayBlockPoolView(BlockPool):
+    """vLLM's block pool object, its capacity answered from relaykv's pool (`relay`).
+
+    Under the plugin vLLM's own pool allocates nothing; the scheduler, connectors and
+    metrics that ask it how many blocks are free (`get_num_free_blocks`, `get_usage`) get
+    relaykv's count. Its KVCacheBlock objects are the ones the plugin hands out."""
+
+    def __init__(self, stock: BlockPool, relay: RelayBlockPool) -> None:
+        self.__dict__.update(stock.__dict__)
+        self.relay = relay
+
+    def get_num_free_blocks(self) -> int:
+        return self.relay.num_free
 
 
 class RelayKVCacheManager(VllmKVCacheManager):
@@ -87,11 +111,21 @@ class RelayKVCacheManager(VllmKVCacheManager):
             raise ValueError(f"relaykv.vllm: {exc}") from None
         self.geometry = geometry
         self.options = options
-        self._block_objects = self.block_pool.blocks  # vLLM's KVCacheBlock by block id
+        self._block_objects = stock.block_pool.blocks  # vLLM's KVCacheBlock by block id
+        view = RelayBlockPoolView(stock.block_pool, self.relay.pool)
+        self.block_pool = self.coordinator.block_pool = view
+        for single in self.coordinator.single_type_managers:
+            single.block_pool = view
         self._requests: dict[str, Request] = {}
         # Loads vLLM still tracks (its request waits for remote KV), even once relaykv
         # delivered them at `receive` because nothing had to move.
         self._loads: dict[str, KVLoad] = {}
+        # Requests whose connector loads their external tokens asynchronously: keyed only
+        # once vLLM reports the load (`cache_blocks`).
+        self._external_loads: set[str] = set()
+        # The last local hit `get_computed_blocks` found: (request id, hit), handed to
+        # `admit` when vLLM allocates for that request right after (one lookup per admission).
+        self._last_hit: tuple[str, LocalHit] | None = None
         self._events: list[KVCacheEvent] = []
         if self.enable_kv_cache_events:
             self.relay.set_event_sink(self._on_event)
@@ -116,8 +150,8 @@ class RelayKVCacheManager(VllmKVCacheManager):
 
     def _commit(self, request: Request, creq: CacheRequest, processed: int) -> None:
         """Append the request's new tokens and key what `processed` tokens wrote (§6)."""
-        if creq.load is not None:
-            return  # its KV is still arriving: keys come with load_finished
+        if creq.load is not None or request.request_id in self._external_loads:
+            return  # its KV is still arriving: keys come with the load's end
         new_tokens = list(request.all_token_ids[creq.num_tokens : request.num_tokens])
         self.relay.commit(creq, max(0, processed), new_tokens)
 
@@ -157,7 +191,10 @@ class RelayKVCacheManager(VllmKVCacheManager):
             # only counts it, on its scheduler block grid.
             local = self.relay.receive_local_tokens(creq)
             return self.empty_kv_cache_blocks, local - local % self.geometry.alignment, 0
-        hit = self.relay.lookup(creq)
+        # vLLM's cap (`max_cache_hit_length`: an aux-output connector's retained prefix)
+        # bounds the resume point like the N-1 rule does; the hit stays block-aligned.
+        hit = self.relay.lookup(creq, max_cache_hit_length)
+        self._last_hit = (request.request_id, hit)
         return self._blocks(hit.blocks), hit.tokens, 0
 
     def get_computed_blocks_for_connector(
@@ -214,11 +251,12 @@ class RelayKVCacheManager(VllmKVCacheManager):
         full_sequence_must_fit: bool,
         reserved_blocks: int,
     ) -> KVCacheBlocks | None:
-        if num_external_computed_tokens > 0:
-            if not delay_cache_blocks or creq.role is not Role.DECODE:
+        memo, self._last_hit = self._last_hit, None
+        if num_external_computed_tokens > 0 and creq.role is Role.DECODE:
+            if not delay_cache_blocks:
                 raise RuntimeError(
-                    f"relaykv.vllm: request {request.request_id}: only asynchronous P/D loads "
-                    "(a kv_consumer receiving from a prefill engine) are supported"
+                    f"relaykv.vllm: request {request.request_id}: a load from a prefill "
+                    "engine running relaykv.vllm must be asynchronous (RelayKVConnector)"
                 )
             plan = pd_plan(self.geometry, self.relay.pd_policy, creq.num_prompt_tokens)
             if reserved_blocks and plan.held_blocks() + reserved_blocks > self.relay.pool.num_free:
@@ -229,11 +267,25 @@ class RelayKVCacheManager(VllmKVCacheManager):
             self._loads[request.request_id] = load
             return self.get_blocks(request.request_id)
         must_fit = min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None
+        hit = memo[1] if memo is not None and memo[0] == request.request_id else None
+        if hit is not None and hit.tokens != num_new_computed_tokens:
+            hit = None  # vLLM's scheduler dropped the hit
+        # A connector's external tokens (a sync load, or an async one vLLM waits for) are
+        # written into the blocks relaykv allocates after the hit, as in stock vLLM.
         admission = self.relay.admit(
-            creq, num_new_tokens, lookahead=num_lookahead_tokens, must_fit=must_fit
+            creq,
+            num_new_tokens,
+            lookahead=num_lookahead_tokens,
+            must_fit=must_fit,
+            hit=hit,
+            cap=num_new_computed_tokens,
+            external=num_external_computed_tokens,
+            keep_free=reserved_blocks,
         )
         if admission is None:
             return None
+        if num_external_computed_tokens and delay_cache_blocks:
+            self._external_loads.add(request.request_id)
         if admission.start != num_new_computed_tokens:
             raise RuntimeError(
                 f"relaykv.vllm: request {request.request_id}: the hit changed between lookup "
@@ -244,6 +296,12 @@ class RelayKVCacheManager(VllmKVCacheManager):
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         creq = self.relay.requests.get(request.request_id)
         if creq is None:
+            return
+        if request.request_id in self._external_loads:
+            # vLLM's scheduler reports an async connector load ended: what it loaded is
+            # written now.
+            self._external_loads.discard(request.request_id)
+            self._commit(request, creq, num_computed_tokens)
             return
         load = self._loads.pop(request.request_id, None)
         if load is not None:
@@ -273,13 +331,35 @@ class RelayKVCacheManager(VllmKVCacheManager):
                 f"relaykv.vllm: request {request.request_id} cannot be freed while its KV "
                 "load is in flight"
             )
-        self._commit(request, creq, request.num_computed_tokens - request.num_in_flight_tokens)
+        if request.is_finished():
+            # Its scheduled steps were handed to the worker: they write the KV of every
+            # known token they cover before any later step reads it (vLLM keys them at
+            # allocation). Drafts and placeholders lie past `num_tokens`.
+            written = min(request.num_computed_tokens, request.num_tokens)
+        else:
+            written = request.num_computed_tokens - request.num_in_flight_tokens
+        self._commit(request, creq, written)
+        self._external_loads.discard(request.request_id)
         if request.is_finished():
             self.relay.release(creq)
             self._requests.pop(request.request_id, None)
             self._loads.pop(request.request_id, None)
         else:
             self.relay.preempt(creq)  # preempted: keeps its tokens and hashes
+
+    def detach(self, request: Request) -> list[int]:
+        """A preempted request whose blocks a step in flight may still write: it leaves
+        them (it keeps its tokens and hashes); the caller hands the returned blocks to
+        `free_detached` once that step is processed (vLLM's deferred frees)."""
+        creq = self.relay.requests.get(request.request_id)
+        if creq is None:
+            return []
+        self._commit(request, creq, request.num_computed_tokens - request.num_in_flight_tokens)
+        self._external_loads.discard(request.request_id)
+        return self.relay.preempt(creq, detach=True)
+
+    def free_detached(self, blocks: list[int]) -> None:
+        self.relay.free_detached(blocks)
 
     def hold_for_transfer(self, request: Request) -> tuple[list[int], ...]:
         """Prefill side: keep exactly the P/D plan's blocks (§7) for the decode engine;

@@ -10,6 +10,7 @@ protocol, outputs, metrics) is vLLM's own code.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -20,7 +21,9 @@ from vllm.v1.request import RequestStatus
 
 from relaykv.vllm.manager import RelayKVCacheManager
 from relaykv.vllm.options import PluginOptions
-from relaykv.vllm.specs import geometry_from_kv_cache_config
+from relaykv.vllm.specs import UnsupportedKVCacheSpec, geometry_from_kv_cache_config
+
+logger = logging.getLogger(__name__)
 
 
 def unsupported_settings(vllm_config: Any) -> list[str]:
@@ -44,13 +47,18 @@ class Scheduler(VllmScheduler):
     """vLLM's scheduler; under a relaykv policy its KV cache manager is relaykv's."""
 
     kv_cache_manager: Any  # vLLM's KVCacheManager, or RelayKVCacheManager (a subclass)
+    # relaykv's manager; None: stock vLLM's (legacy, or a model relaykv has no rules for).
+    relaykv: RelayKVCacheManager | None = None
+    # Why this engine runs stock vLLM's cache manager under a relaykv policy (None: it
+    # does not).
+    relaykv_fallback: str | None = None
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         self.relaykv_options = PluginOptions.from_vllm_config(vllm_config)
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
-        self.relaykv: RelayKVCacheManager | None = None
-        # Finished requests whose blocks an in-flight step may still write (async
-        # scheduling or PP on a kv_consumer): released once that step is processed.
+        # Blocks an in-flight step may still write (async scheduling or PP on a
+        # kv_consumer), returned once that step is processed: (fence, finished request or
+        # a preempted request's detached blocks).
         self._relaykv_deferred: deque[tuple[int, Any]] = deque()
         if self.relaykv_options.legacy:
             return  # stock vLLM, for A/B
@@ -60,9 +68,20 @@ class Scheduler(VllmScheduler):
                 f"relaykv.vllm (pd_policy={self.relaykv_options.pd_policy.value}) does not "
                 f"support {'; '.join(problems)}; use pd_policy=legacy for stock vLLM"
             )
-        geometry = geometry_from_kv_cache_config(
-            kv_cache_config, eagle=self.use_eagle_block_drop
-        ).with_eagle_reuse(self.relaykv_options.eagle_reuse)
+        try:
+            geometry = geometry_from_kv_cache_config(
+                kv_cache_config, eagle=self.use_eagle_block_drop
+            ).with_eagle_reuse(self.relaykv_options.eagle_reuse)
+        except UnsupportedKVCacheSpec as exc:
+            # A model relaykv has no rules for (Mamba, cross attention, ...): stock vLLM's
+            # cache manager serves it, exactly as without the plugin.
+            self.relaykv_fallback = str(exc)
+            logger.warning(
+                "relaykv.vllm: %s; this engine runs stock vLLM's KV cache manager "
+                "(pd_policy=legacy behaviour)",
+                exc,
+            )
+            return
         if geometry.alignment != self.block_size:
             raise ValueError(
                 f"relaykv.vllm: vLLM's scheduler block size {self.block_size} is not the lcm "
@@ -80,19 +99,32 @@ class Scheduler(VllmScheduler):
             self.connector.bind_kv_cache_manager(self.relaykv)
 
     def _free_request_blocks(self, request: Any) -> None:
-        if self.relaykv is None or self._request_blocks_can_be_freed(request):
+        relay = self.relaykv
+        if relay is None or self._request_blocks_can_be_freed(request):
             return super()._free_request_blocks(request)
+        # A step in flight may still write the blocks: as vLLM does, they return to the
+        # pool once that step is processed (`_drain_deferred_frees`).
         if request.is_finished():
             self._relaykv_deferred.append((self.sched_step_seq, request))
         else:
-            # A preemption: relaykv returns its blocks now (vLLM would hold them a step).
-            self.kv_cache_manager.free(request)
+            # A preemption: the request leaves its blocks now (it may be admitted again
+            # at once); the blocks stay held until the fence.
+            blocks = relay.detach(request)
+            if blocks:
+                self._relaykv_deferred.append((self.sched_step_seq, blocks))
 
     def _drain_deferred_frees(self) -> None:
         super()._drain_deferred_frees()
-        while self._relaykv_deferred and self._relaykv_deferred[0][0] <= self.processed_step_seq:
-            _, request = self._relaykv_deferred.popleft()
-            self.kv_cache_manager.free(request)
+        relay = self.relaykv
+        if relay is None:
+            return
+        deferred = self._relaykv_deferred
+        while deferred and deferred[0][0] <= self.processed_step_seq:
+            _, held = deferred.popleft()
+            if isinstance(held, list):
+                relay.free_detached(held)
+            else:
+                relay.free(held)
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         relay = self.relaykv
