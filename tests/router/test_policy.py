@@ -96,6 +96,27 @@ def test_conditional_rule_goes_local_for_a_short_suffix_on_a_held_prefix() -> No
     assert not rule.decide(100, None, 0).local
 
 
+def test_a_bound_of_the_hit_settles_only_what_every_exact_hit_below_it_would() -> None:
+    from relaykv.router.policy import ConditionalRule
+
+    rule = ConditionalRule(max_suffix=512, max_queued_prefill=1024)
+    settled = rule.settled_by_bound(2736, 1536)
+    assert settled is not None and (settled.local, settled.suffix) == (False, -1)
+    assert settled.why == "suffix >= 1200 > max suffix 512"
+    nothing = rule.settled_by_bound(100, 0)
+    assert nothing == rule.decide(100, 0, queued_prefill=0)
+    # A bound that leaves a short enough suffix decides nothing: the exact hit may be lower.
+    assert rule.settled_by_bound(2048, 1536) is None
+    for bound in range(0, 2737, 7):
+        path = rule.settled_by_bound(2736, bound)
+        for hit in range(0, bound + 1, 5):  # every exact hit the bound allows
+            exact = rule.decide(2736, hit, queued_prefill=0)
+            assert path is None or path.local == exact.local, (bound, hit)
+    # `always` and `never` ignore the hit: nothing for a bound to settle.
+    assert ConditionalRule("always").settled_by_bound(2736, 0) is None
+    assert ConditionalRule("never").settled_by_bound(2736, 0) is None
+
+
 def test_always_and_never_ignore_the_hit() -> None:
     from relaykv.router.policy import ConditionalRule
 

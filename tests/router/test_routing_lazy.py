@@ -1,5 +1,6 @@
 """The router's lazy choice (cheap bounds, exact lookups only where a bound can win) makes
-the same decision as scoring every engine exactly, and the bounds never undercount."""
+the same decision as scoring every engine exactly, and the bounds never undercount (nor
+does conditional disaggregation's path, which a bound settles when it can)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
-from relaykv.router.policy import CacheAwarePolicy, Candidate
+from relaykv.router.policy import CacheAwarePolicy, Candidate, ConditionalRule
 from relaykv.router.prompt import Prompt
 from relaykv.router.routing import Routing
 from tests.kvcache.conftest import geometry, tokens
@@ -62,3 +63,13 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
         )
         chosen = routing.pick(pool, set(), Prompt(prompt_tokens))
         assert chosen is not None and chosen.backend is pool.backends[full], (trial, exact)
+        if role == "decode":  # the path: the bound settles only what the exact hit would
+            local = indexes[full].local_hit(prompt.request_for(indexes[full]))
+            assert chosen.hit_bound >= local
+            suffix = len(prompt_tokens) - local  # around the exact suffix, and far off
+            for max_suffix in sorted({0, max(0, suffix - 1), suffix, suffix + 16, 200}):
+                routing.conditional = ConditionalRule(max_suffix=max_suffix)
+                path = routing.decide_path(chosen)
+                exact_path = routing.conditional.decide(len(prompt_tokens), local, 0)
+                assert path.local == exact_path.local, (trial, max_suffix, path, exact_path)
+                assert path.suffix in (-1, exact_path.suffix)

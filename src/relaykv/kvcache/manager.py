@@ -298,6 +298,8 @@ class KVCacheManager:
                 return reached
         cap = self._cap(req)
         if tiered and self.tier is not None:
+            # A shared tier first adopts what other engines stored of this prompt.
+            self.tier.discover(req, self.pool, cap, (*self._boundaries(req), req.junction))
             hit = find_tiered_hit(req, self.rules, self.pool, self.tier.index, cap)
         else:
             hit = find_longest_hit(req, self.rules, self.pool, cap)

@@ -45,7 +45,8 @@ class Choice:
     """One engine chosen for one request (see the module docstring)."""
 
     __slots__ = (
-        "_entry", "_index", "_prefixes", "_prompt", "backend", "local_prefill", "record"
+        "_entry", "_index", "_prefixes", "_prompt", "backend", "hit_bound", "local_prefill",
+        "record",
     )
 
     def __init__(
@@ -55,8 +56,10 @@ class Choice:
         prompt: Prompt | None,
         index: EngineIndex | None,
         prefixes: InFlightPrefixes,
+        hit_bound: int = 0,
     ) -> None:
         self.backend = backend
+        self.hit_bound = hit_bound  # the upper bound of the usable hit the policy scored
         self.record = record
         self._prompt = prompt
         self._index = index  # the engine's index, kept current by its events (None: none)

@@ -211,6 +211,20 @@ class ConditionalRule:
                 f"conditional_max_queued_prefill must be >= 0, got {self.max_queued_prefill}"
             )
 
+    def settled_by_bound(self, prompt_tokens: int, hit_bound: int) -> PathChoice | None:
+        """The path `decide` gives whatever the exact hit, when an upper bound of it already
+        settles it (P -> D: nothing held there, or a suffix of at least `prompt_tokens -
+        hit_bound` tokens, above the max suffix), so the router skips the exact lookup; None
+        when only the exact hit can tell. The suffix is then only bounded: -1 (unknown)."""
+        if self.mode != "conditional" or prompt_tokens <= 0:
+            return None
+        if hit_bound <= 0:
+            return PathChoice(False, prompt_tokens, "no usable hit on the decode engine")
+        least = prompt_tokens - hit_bound
+        if least > self.max_suffix:
+            return PathChoice(False, -1, f"suffix >= {least} > max suffix {self.max_suffix}")
+        return None
+
     def decide(self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int) -> PathChoice:
         """The path of a `prompt_tokens`-token prompt whose usable hit on the chosen decode
         engine is `hit_tokens` (None: unknown, the prompt was not read) while this router

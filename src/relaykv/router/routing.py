@@ -89,7 +89,7 @@ class Routing:
         )
         self.recent.append(record)
         self._note_balance(pool, backend)
-        return Choice(backend, record, prompt, index, self.in_flight)
+        return Choice(backend, record, prompt, index, self.in_flight, scored.bound)
 
     def decide_path(self, choice: Choice, force_pd: str = "") -> PathChoice:
         """Whether the decode engine of `choice` prefills the request itself (a local
@@ -102,11 +102,19 @@ class Routing:
         if force_pd:
             path = PathChoice(False, -1, force_pd)
         else:
-            hit = None
-            if self.conditional.mode != "always" and prompt is not None and index is not None:
-                hit = index.local_hit(prompt.request_for(index))
-            queued = self.in_flight.queued_prefill(choice.backend.url)
-            path = self.conditional.decide(n, hit, queued)
+            rule, hit = self.conditional, None
+            known = prompt is not None and index is not None
+            # The hit bound the policy scored the engine with also bounds its local hit (a
+            # local hit is a run of held full-group blocks): a suffix it proves too long
+            # settles the path without kvcache's lookup (docs/routing.md "Cost").
+            settled = rule.settled_by_bound(n, choice.hit_bound) if known else None
+            if settled is not None:
+                path = settled
+            else:
+                if rule.mode != "always" and prompt is not None and index is not None:
+                    hit = index.local_hit(prompt.request_for(index))
+                queued = self.in_flight.queued_prefill(choice.backend.url)
+                path = rule.decide(n, hit, queued)
         record = choice.record
         record.path, record.why = path.path, path.why
         record.local_suffix = path.suffix

@@ -12,7 +12,7 @@ drives all of it for one engine's cache manager.
 
 from __future__ import annotations
 
-from relaykv.kvcache.tier.backend import InstantTier, TierBackend
+from relaykv.kvcache.tier.backend import InstantTier, SharedTierBackend, TierBackend
 from relaykv.kvcache.tier.index import TierIndex
 from relaykv.kvcache.tier.jobs import JobKind, TierCopy, TierJob
 from relaykv.kvcache.tier.lookup import TieredKeys, find_tiered_hit
@@ -21,6 +21,7 @@ from relaykv.kvcache.tier.plan import TierPlan, parse_interval
 __all__ = [
     "InstantTier",
     "JobKind",
+    "SharedTierBackend",
     "TierBackend",
     "TierCopy",
     "TierIndex",

@@ -17,11 +17,18 @@ Contract:
   recomputes).
 * `capacity_blocks` is how many blocks the tier holds; the index never hands out more slots.
 * `medium` names the tier in KV events (vLLM's convention: "CPU" for host memory).
+
+A *shared* tier (a store other engines write too, `SharedTierBackend`) also answers
+`probe`: which blocks it holds that this engine did not store. The cache adopts the complete
+checkpoints among them into its index before a lookup (`KVTier.discover`), so a hit can use
+what another engine, or this engine before a restart, stored. Its `epoch` changes when the
+store may have lost what it held (its master died): the cache then forgets its index.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from relaykv.kvcache.tier.jobs import TierJob
 
@@ -52,6 +59,19 @@ class TierBackend(Protocol):
 
     def shutdown(self) -> None:
         """Stop accepting jobs and release the tier's memory (in-flight jobs may be lost)."""
+        ...
+
+
+@runtime_checkable
+class SharedTierBackend(TierBackend, Protocol):
+    @property
+    def epoch(self) -> int:
+        """Changes whenever the store may have lost blocks it held (forget the index)."""
+        ...
+
+    def probe(self, items: Sequence[tuple[int, bytes]]) -> list[bool]:
+        """Which `(group, key)` blocks the store holds now (bounded in time; all False when
+        it cannot tell)."""
         ...
 
 

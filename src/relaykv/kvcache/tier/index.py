@@ -199,6 +199,12 @@ class TierIndex:
                 if owner in self.nodes:
                     self._drop_subtree(owner)
 
+    def clear(self) -> None:
+        """Forget every checkpoint (a shared store may have lost them all). Slots a load
+        reads or a store writes stay until their job ends, then become free."""
+        for node_id in sorted(self.nodes, key=lambda n: self.nodes[n].r, reverse=True):
+            self._remove_node(node_id)  # children (higher r) first
+
     # -- internals -----------------------------------------------------------------------
     def _fresh(self) -> int:
         slot = self._next_fresh

@@ -12,6 +12,10 @@
 * `poll(pool)` applies what the backend finished: stores become visible (and their device
   blocks are let go), loads hand their request back with success; a failed load's keys are
   dropped from the index so the retry computes.
+* `discover(req, pool, cap)` before a lookup, for a shared tier only: the blocks of the
+  prompt that neither the pool nor the index holds are probed in the store, and every
+  complete checkpoint among them is adopted into the index (as if stored here), so the
+  lookup can hit what another engine stored.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
 from relaykv.kvcache.request import CacheRequest
-from relaykv.kvcache.tier.backend import TierBackend
+from relaykv.kvcache.tier.backend import SharedTierBackend, TierBackend
 from relaykv.kvcache.tier.index import TierEventSink, TierIndex
 from relaykv.kvcache.tier.jobs import JobKind, TierCopy, TierJob
 from relaykv.kvcache.tier.plan import TierPlan
@@ -40,6 +44,8 @@ class TierStats:
     stores_failed: int = 0
     loads_failed: int = 0
     checkpoints_skipped: int = 0  # a boundary the tier could not take (blocks gone, no room)
+    blocks_adopted: int = 0  # a shared tier's blocks another engine (or a past life) stored
+    resets: int = 0  # times a shared tier's index was forgotten (its store lost its contents)
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -73,6 +79,8 @@ class KVTier:
         self._loads: dict[int, CacheRequest] = {}  # job id -> the waiting request
         self.loading: dict[str, TierJob] = {}  # request id -> its load job
         self._next_job = 0
+        self._shared = backend if isinstance(backend, SharedTierBackend) else None
+        self._epoch = self._shared.epoch if self._shared is not None else 0
 
     # -- stores ----------------------------------------------------------------------------
     def offload(
@@ -136,6 +144,60 @@ class KVTier:
             out.append(found)
         return out
 
+    # -- a shared tier: what other engines stored -----------------------------------------
+    def discover(
+        self, req: CacheRequest, pool: BlockPool, cap: int, extra: Iterable[int] = ()
+    ) -> int:
+        """Adopt the store's complete checkpoints of `req` up to `cap` tokens (a shared tier
+        only); returns the blocks adopted."""
+        shared = self._shared
+        if shared is None or cap <= 0:
+            return 0
+        self._check_epoch()
+        plan, index = self.plan, self.index
+        groups = range(len(self.rules))
+        keys = [req.keys(g) for g in groups]
+        span = [rule.needed(cap).stop for rule in self.rules]
+        wanted = [
+            (g, key) for g in groups for key in keys[g][: span[g] + 1] if not index.holds(g, key)
+        ]
+        if all(key in pool.maps[g] for g, key in wanted):
+            return 0  # the store could add nothing the pool lacks
+        present = {item for item, found in zip(wanted, shared.probe(wanted), strict=True) if found}
+        if not present:
+            return 0
+        points = plan.points(0, cap, extra)
+        points = sorted(set(points) | set(range(plan.alignment, cap + 1, plan.alignment)))
+        parent: bytes | None = None
+        parent_r = 0
+        adopted = 0
+        for r in points:
+            items = plan.items(keys, r, parent_r)
+            if items is None:
+                break
+            if not all(
+                index.holds(g, key) or (g, key) in present
+                for g, pairs in enumerate(items)
+                for _, key in pairs
+            ):
+                continue  # incomplete here; a later point may be (its parent stays)
+            node = plan.node_id(keys, r)
+            new = index.add_node(node, r, parent, items)
+            if new is None:
+                break  # no room
+            index.stored([s.slot for s in new], True)
+            adopted += len(new)
+            parent, parent_r = node, r
+        self.stats.blocks_adopted += adopted
+        return adopted
+
+    def _check_epoch(self) -> None:
+        if self._shared is not None and self._shared.epoch != self._epoch:
+            self._epoch = self._shared.epoch
+            self.index.clear()
+            self._chains.clear()
+            self.stats.resets += 1
+
     # -- loads -----------------------------------------------------------------------------
     def start_load(self, req: CacheRequest, hit: LocalHit) -> TierJob:
         """Load `hit.tier` into the blocks the request's tables now hold there."""
@@ -164,6 +226,7 @@ class KVTier:
     def poll(self, pool: BlockPool) -> list[tuple[CacheRequest, TierJob, bool]]:
         """Apply the jobs the backend finished; returns the loads that ended."""
         ended: list[tuple[CacheRequest, TierJob, bool]] = []
+        self._check_epoch()
         for job, ok in self.backend.poll():
             slots = [c.slot for c in job.copies]
             if job.kind is JobKind.STORE:

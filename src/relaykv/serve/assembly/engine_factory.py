@@ -160,7 +160,7 @@ def assemble_engine(
     if options.kv_offloading_size is not None:
         from relaykv.serve.assembly.tier_wiring import build_tier
 
-        tier = build_tier(options, executor)
+        tier = build_tier(options, executor, config.model_name)
     try:
         engine = LLMEngine(
             executor,

@@ -76,6 +76,8 @@ class EngineOptions:
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
     kv_offloading_interval: int | None = None
+    kv_store_master: str | None = None  # mooncake: the store's master, HOST:PORT
+    kv_secret_file: str | None = None  # the cluster secret (a shared tier names/tags with it)
 
     def __post_init__(self) -> None:
         # Where a --role / --pd-policy string becomes the enum every layer takes; a bad one
@@ -150,6 +152,35 @@ class EngineOptions:
             raise OptionError(
                 "--kv-offloading-interval", f"must be >= 1, got {self.kv_offloading_interval}"
             )
+        self._check_store()
+
+    def _check_store(self) -> None:
+        """`--kv-offloading-backend mooncake` needs a master and the cluster secret; a master
+        without that backend is a mistake."""
+        mooncake = self.kv_offloading_backend == "mooncake"
+        if self.kv_store_master is not None and not mooncake:
+            raise OptionError(
+                "--kv-store-master", "is the master of --kv-offloading-backend mooncake only"
+            )
+        if not mooncake:
+            return
+        if self.kv_offloading_size is None:
+            raise OptionError(
+                "--kv-offloading-backend",
+                "mooncake needs --kv-offloading-size GIB (the memory this engine lends the store)",
+            )
+        host, _, port = (self.kv_store_master or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionError(
+                "--kv-store-master",
+                f"give the Mooncake Store master as HOST:PORT, got {self.kv_store_master!r}",
+            )
+        if not self.kv_secret_file:
+            raise OptionError(
+                "--kv-secret-file",
+                "--kv-offloading-backend mooncake names and tags the store's objects with the "
+                "cluster secret (a 0600 file; `relaykv up` makes one; docs/security.md)",
+            )
 
 
 def _size(text: str) -> int:
@@ -217,7 +248,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     tier.add_argument(
         "--kv-offloading-backend",
         default="native",
-        help="where the tier lives: native (host memory of this engine; default)",
+        help="where the tier lives: native (host memory of this engine; default) or "
+        "mooncake (a Mooncake Store the cluster's engines share; needs --kv-store-master)",
+    )
+    tier.add_argument(
+        "--kv-store-master",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Mooncake Store master of --kv-offloading-backend mooncake "
+        "(`relaykv up --kv-offloading-backend mooncake` starts one)",
     )
     tier.add_argument(
         "--kv-offloading-interval",
@@ -305,6 +344,8 @@ def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_backend=args.kv_offloading_backend,
         kv_offloading_interval=args.kv_offloading_interval,
+        kv_store_master=getattr(args, "kv_store_master", None),
+        kv_secret_file=getattr(args, "kv_secret_file", None),
         **_pd_fields(args),
         **extra,
     )

@@ -3,9 +3,13 @@
 The tier holds `--kv-offloading-size` GiB // block_bytes blocks of the executor's page
 memory; the backend named by `--kv-offloading-backend` is built over `executor.kv_buffer`
 through `relaykv.transfer.tier.registry`. Bad values raise `OptionError` naming the flag.
+`mooncake` also gets its master (`--kv-store-master`), the cluster secret and a namespace
+(the served model and its dtype; the factory adds the KV layout) in `settings`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from relaykv.engine import Executor
 from relaykv.kvcache.tier import TierBackend
@@ -27,7 +31,7 @@ def tier_blocks(size_gib: float, block_bytes: int) -> int:
     return blocks
 
 
-def build_tier(options: EngineOptions, executor: Executor) -> TierBackend:
+def build_tier(options: EngineOptions, executor: Executor, model_name: str = "") -> TierBackend:
     assert options.kv_offloading_size is not None
     try:
         make = factory(options.kv_offloading_backend)
@@ -37,4 +41,27 @@ def build_tier(options: EngineOptions, executor: Executor) -> TierBackend:
         raise OptionError("--kv-offloading-size", "this executor has no KV pages to offload")
     geometry = executor.geometry
     capacity = tier_blocks(options.kv_offloading_size, geometry.block_bytes)
-    return make(TierRequest(executor.kv_buffer, geometry, capacity))
+    settings = _store_settings(options, model_name) if options.kv_store_master else {}
+    try:
+        return make(TierRequest(executor.kv_buffer, geometry, capacity, settings))
+    except ConnectionError as exc:
+        raise OptionError("--kv-store-master", str(exc)) from None
+
+
+def _store_settings(options: EngineOptions, model_name: str) -> dict[str, Any]:
+    from relaykv.transfer.tier.mooncake import mooncake_unavailable
+    from relaykv.transfer.transport.wire.auth import SecretError, load_secret_file
+
+    missing = mooncake_unavailable()
+    if missing is not None:
+        raise OptionError("--kv-offloading-backend", missing)
+    assert options.kv_secret_file is not None  # EngineOptions.check
+    try:
+        secret = load_secret_file(options.kv_secret_file)
+    except SecretError as exc:
+        raise OptionError("--kv-secret-file", str(exc)) from None
+    return {
+        "master": options.kv_store_master,
+        "secret": secret,
+        "namespace": f"{model_name or options.model}|{options.dtype}",
+    }

@@ -8,9 +8,10 @@ the backend's own flags by name (empty for `native`).
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from relaykv.kvcache import Geometry
 from relaykv.kvcache.tier import TierBackend
@@ -25,3 +26,16 @@ class TierRequest:
 
 
 TierFactory = Callable[[TierRequest], TierBackend]
+
+
+T = TypeVar("T")
+
+
+def drain(finished: queue.SimpleQueue[T]) -> list[T]:
+    """Everything a worker thread put into `finished` so far (a backend's `poll`)."""
+    out = []
+    while True:
+        try:
+            out.append(finished.get_nowait())
+        except queue.Empty:
+            return out

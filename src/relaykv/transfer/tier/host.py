@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from relaykv.kvcache.tier import JobKind, TierJob
-from relaykv.transfer.tier.base import TierRequest
+from relaykv.transfer.tier.base import TierRequest, drain
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,7 @@ class HostTier:
         self._jobs.put(job)
 
     def poll(self) -> list[tuple[TierJob, bool]]:
-        out = []
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._done)
 
     def shutdown(self) -> None:
         self._jobs.put(None)

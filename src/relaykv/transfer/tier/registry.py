@@ -16,6 +16,7 @@ DEFAULT_BACKEND = "native"
 
 _BACKENDS: dict[str, str] = {
     "native": "relaykv.transfer.tier.host:host_tier",
+    "mooncake": "relaykv.transfer.tier.mooncake:mooncake_tier",  # shared: Mooncake Store
 }
 
 
