@@ -68,6 +68,9 @@ class AsyncEngine:
         connector = self.engine.connector
         if connector is not None:
             connector.shutdown()
+        tier = self.engine.manager.tier
+        if tier is not None:
+            tier.shutdown()  # a shared store's client unmounts this engine's memory
 
     @property
     def num_active(self) -> int:

@@ -356,6 +356,10 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 req.admitted = False
                 self.waiting.appendleft(req)
+        for delivered in self.manager.tier_delivered():  # P/D loads whose tier part ended last
+            remote = self.loading.get(delivered.request.request_id)
+            if remote is not None:
+                self._loaded(remote, delivered)
         if self.connector is None:
             return
         waiting = [r for r in self.waiting if r.is_remote_prefill and not r.admitted]

@@ -166,6 +166,11 @@ class CacheLifecycle(Protocol):
         a tier (docs/tier.md)."""
         ...
 
+    def tier_delivered(self) -> list[KVLoad]:
+        """P/D loads whose KV tier part ended in the last `tier_poll` and that are delivered
+        now (a decode engine's load asks P only for what its tier lacks)."""
+        ...
+
     def release(self, req: CacheRequest) -> None:
         """Release all of a request's blocks, tail first (§3), and forget it; deferred while
         its own transfer is in flight (`load_finished` completes it)."""

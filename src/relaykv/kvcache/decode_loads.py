@@ -1,9 +1,11 @@
 """Decode-side KV loads: reuse, shared in-flight transfers, publish on completion (design §7).
 
-`DecodeLoads.begin(req, plan, hit)` turns the P/D plan of a request into block tables on D:
-per group, each block of `plan.held[g]` is either reused from D's own cache, attached to a
-transfer that is already bringing the same block (a shared in-flight load), or allocated fresh
-and listed in `load.receive` for the transport to fill from P.
+`DecodeLoads.begin(req, plan, hit, tier)` turns the P/D plan of a request into block tables on
+D: per group, each block of `plan.held[g]` is either reused from D's own cache, attached to a
+transfer that is already bringing the same block (a shared in-flight load), allocated fresh
+and listed in `load.from_tier` for D's KV tier to fill (docs/tier.md: a shared store holds
+what a prefill engine put), or allocated fresh and listed in `load.receive` for the
+transport to fill from P: P is asked only for what D cannot find itself.
 
 `DecodeLoads` is given what it works on (the pool, the group rules, the stats, the retention)
 and nothing else; the `KVCacheManager` drives it as part of the request lifecycle
@@ -64,11 +66,19 @@ class DecodeLoads:
         self._ids = itertools.count(1)
 
     # -- begin -----------------------------------------------------------------------
-    def begin(self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None) -> KVLoad | None:
+    def begin(
+        self,
+        req: CacheRequest,
+        plan: PDPlan,
+        hit: LocalHit | None,
+        tier: Sequence[Mapping[int, int]] | None = None,
+    ) -> KVLoad | None:
         """Plan and allocate the load of `req`'s prompt; None if the pool cannot hold it.
 
         `hit` is the request's local lookup under a common-resume policy, None under
-        `per-group` (blocks are reused one by one by hash).
+        `per-group` (blocks are reused one by one by hash). `tier`: per group, block index ->
+        tier slot of the held blocks D's KV tier can fill (what neither D's cache nor an
+        in-flight transfer has comes from there before P is asked).
         """
         pool = self.pool
         junction = hit.junction if hit is not None else 0
@@ -76,13 +86,16 @@ class DecodeLoads:
 
         attached: list[dict[int, int]] = []
         wanted: list[list[int]] = []
+        tiered: list[list[tuple[int, int]]] = []
         waits: set[KVLoad] = set()
         for rule in self.rules:
             g = rule.index
             keys = req.keys(g)
             inflight = self.inflight[g] if plan.coalesces_loads else {}
+            in_tier = tier[g] if tier is not None else {}
             group_attached: dict[int, int] = {}
             group_wanted: list[int] = []
+            group_tier: list[tuple[int, int]] = []
             for k in plan.held[g]:
                 if k in local[g]:
                     continue
@@ -90,27 +103,38 @@ class DecodeLoads:
                 if entry is not None:
                     group_attached[k] = entry[1]
                     waits.add(entry[0])
+                elif k in in_tier:
+                    group_tier.append((k, in_tier[k]))
                 else:
                     group_wanted.append(k)
             attached.append(group_attached)
             wanted.append(group_wanted)
+            tiered.append(group_tier)
 
         idle_local = sum(1 for blocks in local for b in blocks.values() if pool.ref_cnt[b] == 0)
-        if idle_local + sum(len(w) for w in wanted) > pool.num_free:
+        fresh_needed = sum(len(w) for w in wanted) + sum(len(t) for t in tiered)
+        if idle_local + fresh_needed > pool.num_free:
             return None
 
         receive: list[list[tuple[int, int]]] = []
+        from_tier: list[list[tuple[int, int, int]]] = []
         for rule in self.rules:
             g = rule.index
             pool.touch(local[g].values())
             pool.touch(attached[g].values())
             fresh = pool.allocate(len(wanted[g]))
             receive.append(list(zip(wanted[g], fresh, strict=True)))
+            filled = pool.allocate(len(tiered[g]))
+            from_tier.append([(k, b, slot) for (k, slot), b in zip(tiered[g], filled, strict=True)])
             by_index = {**local[g], **attached[g], **dict(receive[g])}
+            by_index.update((k, b) for k, b, _ in from_tier[g])
             held = plan.held[g]
             req.tables[g] = [NULL_BLOCK] * held.start + [by_index[k] for k in held]
 
         load = KVLoad(next(self._ids), req, plan, local, attached, receive, local_tokens, junction)
+        load.from_tier = from_tier
+        if any(from_tier):
+            load.tier_state = LoadState.PENDING  # the manager starts the tier's job
         load.waits_on = waits
         for owner in waits:
             owner.waiters.append(load)
@@ -200,6 +224,23 @@ class DecodeLoads:
                 delivered.append(candidate)
         return delivered
 
+    def tier_finished(self, load: KVLoad, ok: bool) -> list[KVLoad]:
+        """D's KV tier ended `load`'s tier job: its blocks are keyed when it succeeded.
+        Returns `[load]` when that delivered it."""
+        load.tier_state = LoadState.DONE if ok else LoadState.FAILED
+        if ok:
+            self._publish(load, [[(k, b) for k, b, _ in items] for items in load.from_tier])
+            self.stats.kv_bytes_from_tier += sum(
+                len(items) * rule.spec.page_bytes
+                for rule, items in zip(self.rules, load.from_tier, strict=True)
+            )
+        else:
+            self.stats.loads_failed += 1
+        if load.settled and not load.delivered and not load.abandoned:
+            self._deliver(load)
+            return [load]
+        return []
+
     def _deliver(self, load: KVLoad) -> None:
         load.delivered = True
         self._drop(load)
@@ -207,10 +248,11 @@ class DecodeLoads:
         if load.ok:
             self._mark_cached(load)
 
-    def _publish(self, load: KVLoad) -> None:
+    def _publish(self, load: KVLoad, filled: list[list[tuple[int, int]]] | None = None) -> None:
+        """Key the blocks a transfer filled (`filled`, per group; default what P sent)."""
         req = load.request
         for rule in self.rules:
-            items = load.receive[rule.index]
+            items = (filled if filled is not None else load.receive)[rule.index]
             if not items:
                 continue
             keys = req.keys(rule.index)
@@ -248,7 +290,7 @@ class DecodeLoads:
         if load is None:
             return False
         req.load = None
-        if load.pending:
+        if load.pending or load.tier_pending:
             load.abandoned = True
             return True
         self._drop(load)

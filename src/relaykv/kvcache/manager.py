@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from relaykv.kvcache.base import Admission
-from relaykv.kvcache.decode_loads import DecodeLoads
+from relaykv.kvcache.decode_loads import DecodeLoads, reusable_blocks
 from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
@@ -31,7 +31,8 @@ from relaykv.kvcache.retention import Retention, hash_mask, parse_retention, rep
 from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 from relaykv.kvcache.tier.backend import TierBackend
-from relaykv.kvcache.tier.lookup import find_tiered_hit
+from relaykv.kvcache.tier.jobs import TierCopy
+from relaykv.kvcache.tier.lookup import TieredKeys, find_tiered_hit
 from relaykv.kvcache.tier.offload import KVTier
 from relaykv.kvcache.tier.plan import parse_interval
 
@@ -97,6 +98,8 @@ class KVCacheManager:
         )
         self.tier: KVTier | None = None
         self._abandoned: set[str] = set()  # released while their tier load flies
+        self._tier_loads: dict[int, KVLoad] = {}  # tier job id -> the P/D load it fills
+        self._tier_delivered: list[KVLoad] = []
         if tier is not None:
             interval = parse_interval(tier_interval, geometry.alignment, self.retention)
             medium = tier.medium
@@ -194,6 +197,14 @@ class KVCacheManager:
             return []
         ended: list[tuple[CacheRequest, bool]] = []
         for req, job, ok in self.tier.poll(self.pool):
+            load = self._tier_loads.pop(job.job_id, None)
+            if load is not None:  # the tier's part of a P/D load
+                for settled in self.loads.tier_finished(load, ok):
+                    self._delivered(settled)
+                    self._tier_delivered.append(settled)
+                if load.abandoned and not load.pending:
+                    self._release(load.request)
+                continue
             if req.request_id in self._abandoned:
                 self._abandoned.discard(req.request_id)
                 self._release(req)
@@ -210,25 +221,67 @@ class KVCacheManager:
             ended.append((req, ok))
         return ended
 
+    def tier_delivered(self) -> list[KVLoad]:
+        """P/D loads the last `tier_poll` delivered (their tier job ended last), each once."""
+        out, self._tier_delivered = self._tier_delivered, []
+        return out
+
     def receive(self, req: CacheRequest) -> KVLoad | None:
         """Decode side: plan the load of `req`'s prompt from a prefill engine (§7). None
         changes nothing: the pool cannot hold it now. The transport fills `load.receive`
         (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
         plan = self._plan(req)
-        hit = self._lookup(req) if plan.common_resume else None
-        load = self.loads.begin(req, plan, hit)
+        tiered = self.tier is not None and self.pool.enable_caching
+        hit = self._lookup(req, tiered=tiered) if plan.common_resume else None
+        in_tier = self._tier_reuse(req, plan, hit) if tiered else None
+        load = self.loads.begin(req, plan, hit, in_tier)
         if load is not None:
             req.num_admissions += 1
+            if any(load.from_tier):
+                assert self.tier is not None
+                copies = [
+                    TierCopy(g, req.keys(g)[k], slot, block)
+                    for g, items in enumerate(load.from_tier)
+                    for k, block, slot in items
+                ]
+                job = self.tier.start_copies(req, copies)
+                self._tier_loads[job.job_id] = load
             if load.delivered:
                 self._delivered(load)
         return load
+
+    def _tier_reuse(
+        self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None
+    ) -> list[dict[int, int]]:
+        """Per group, block index -> tier slot of the held blocks D's tier can fill: the
+        tiered hit's tier blocks (common resume), else each held block the pool lacks and
+        the tier holds, by key, under the same reuse rule as the pool's (`per-group`)."""
+        tier = self.tier
+        assert tier is not None
+        if hit is not None:
+            return [
+                {k: slot for k, slot in hit.tier[g] if k in plan.held[g]} if hit.tier else {}
+                for g in range(len(self.rules))
+            ]
+        cap = req.num_prompt_tokens - 1
+        tier.discover(req, self.pool, cap, (*self._boundaries(req), req.junction))
+        out: list[dict[int, int]] = []
+        for rule in self.rules:
+            g = rule.index
+            either = TieredKeys(self.pool, tier.index).maps[g]
+            keys = req.keys(g)
+            device = self.pool.maps[g]
+            tier_map = tier.index.maps[g]
+            reused = reusable_blocks(req, rule, either, plan.held[g])
+            out.append({k: tier_map[keys[k]] for k in reused if keys[k] not in device})
+        return out
 
     def load_finished(self, load: KVLoad, ok: bool) -> list[KVLoad]:
         """The transport ended `load`'s own transfer. Returns the loads delivered now (each
         with its request's `load` cleared); a load whose request was released meanwhile
         releases its blocks here."""
         delivered = self.loads.finish(load, ok)
-        if load.abandoned:
+        if load.abandoned and not load.tier_pending:
             self._release(load.request)
         for settled in delivered:
             self._delivered(settled)

@@ -139,9 +139,11 @@ class KVLoad:
 
     `receive[g]` lists the `(block index, D block id)` pairs the transport must fill; `local`
     the blocks reused from D's cache; `attached` the blocks another in-flight load brings
-    (`waits_on` those loads). The load is `settled` when its own transfer and every one it
-    waits on ended, `ok` when all succeeded, and `delivered` once the cache handed it to its
-    request (block tables usable, `request.load` cleared).
+    (`waits_on` those loads); `from_tier` the `(block index, D block id, tier slot)` triples
+    D's KV tier fills (a shared store holds what a prefill engine put: docs/tier.md), whose
+    job's state is `tier_state`. The load is `settled` when its own transfer, its tier job
+    and every transfer it waits on ended, `ok` when all succeeded, and `delivered` once the
+    cache handed it to its request (block tables usable, `request.load` cleared).
     """
 
     load_id: int
@@ -157,6 +159,8 @@ class KVLoad:
     waiters: list[KVLoad] = field(default_factory=list)
     abandoned: bool = False  # its request was released while the transfer flew
     delivered: bool = False
+    from_tier: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    tier_state: LoadState = LoadState.DONE  # PENDING while its tier job flies
 
     @property
     def needs_transfer(self) -> bool:
@@ -167,13 +171,23 @@ class KVLoad:
         return self.state is LoadState.PENDING
 
     @property
+    def tier_pending(self) -> bool:
+        return self.tier_state is LoadState.PENDING
+
+    @property
     def settled(self) -> bool:
-        return not self.pending and not any(w.pending for w in self.waits_on)
+        return (
+            not self.pending and not self.tier_pending and not any(w.pending for w in self.waits_on)
+        )
 
     @property
     def ok(self) -> bool:
         done = LoadState.DONE
-        return self.state is done and all(w.state is done for w in self.waits_on)
+        return (
+            self.state is done
+            and self.tier_state is done
+            and all(w.state is done for w in self.waits_on)
+        )
 
     def received_blocks(self) -> list[int]:
         """Blocks received per group, from P or through a shared transfer (cache-probe)."""

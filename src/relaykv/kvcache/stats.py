@@ -30,6 +30,7 @@ class CacheStats:
     tokens_local_cache_hit: int = 0
     tokens_external_kv_transfer: int = 0
     kv_bytes_received: int = 0
+    kv_bytes_from_tier: int = 0  # decode side: prompt KV its KV tier filled instead of P
     kv_bytes_sent: int = 0
     loads_started: int = 0
     loads_coalesced: int = 0

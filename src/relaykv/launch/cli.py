@@ -4,7 +4,9 @@ It makes a private runtime directory (mode 0700, removed at exit) for the cluste
 transfer secret, which it generates there unless given `--kv-secret-file`, and for the
 engines' KV event sockets (`ipc://`, cluster.py); hands the secret and the API key to every
 member through the environment, never argv (docs/security.md, "Listeners"); restarts
-dead members (supervisor.py); and on SIGTERM drains in order (cluster.py).
+dead members (supervisor.py); and on SIGTERM drains in order (cluster.py). With
+`--kv-offloading-backend mooncake` it also starts a Mooncake Store master (a supervised
+member, loopback) and points every engine at it (docs/tier.md, "Mooncake Store").
 
 Engine flags not listed here (`--max-model-len`, `--kv-cache-memory`, `--num-blocks`,
 `--block-size`, `--retention`, `--speculative-tokens`, `--draft-model`, `--seed`, ...) are
@@ -41,12 +43,18 @@ from relaykv.serve.assembly.pd_wiring import (
 )
 
 FORWARDS_UNKNOWN_FLAGS = True
+DEFAULT_STORE_GIB = 0.25  # each engine's KV tier under --kv-offloading-backend, unless given
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-hybrid")
     parser.add_argument("--pd-policy", default=DEFAULT_PD_POLICY.value, choices=PD_POLICIES)
     parser.add_argument("--kv-transport", default="shm", choices=["shm", "tcp", "nixl", "mooncake"])
+    parser.add_argument("--kv-offloading-backend", default=None, choices=["native", "mooncake"],
+                        help="every engine gets a KV tier (docs/tier.md): native (host memory "
+                        "of each engine) or mooncake (a Mooncake Store the engines share; "
+                        "`up` starts its master); with --kv-offloading-size GIB per engine "
+                        f"(default {DEFAULT_STORE_GIB} GiB)")
     parser.add_argument("--num-prefill", type=int, default=1)
     parser.add_argument("--num-decode", type=int, default=1)
     parser.add_argument("--routing", default="cache-aware",
@@ -132,6 +140,17 @@ def _run_cluster(
         common += ["--sibling-reach", str(default_sibling_reach(args.conditional_max_suffix))]
     if args.torch_threads is not None:
         common += ["--torch-threads", str(args.torch_threads)]
+    store = None
+    if args.kv_offloading_backend is not None:
+        common += ["--kv-offloading-backend", args.kv_offloading_backend]
+        if "--kv-offloading-size" not in given:
+            common += ["--kv-offloading-size", str(DEFAULT_STORE_GIB)]
+    if args.kv_offloading_backend == "mooncake":
+        from relaykv.serve.assembly.tier_wiring import store_master_member  # (imports torch)
+
+        argv, address, health = store_master_member(args.host)
+        common += ["--kv-store-master", address]
+        store = (argv, health)
     # Co-located engines must not spin OpenMP workers on each other's cores
     # (serve/assembly/cpu_threads.py).
     env = {**colocated_engine_env(os.environ), **env}
@@ -146,6 +165,7 @@ def _run_cluster(
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,
         log_dir=Path(args.log_dir) if args.log_dir else None, env=env, run_dir=run_dir,
+        store=store,
     )
     try:
         cluster.plan()

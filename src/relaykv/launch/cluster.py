@@ -9,6 +9,11 @@ own port (supervisor.py restarts dead ones). `Cluster.stop` drains in order (doc
 finish; once it has exited, the prefill engines; then the decode engines; SIGKILL only for a
 member that outlives its timeout. Secrets reach members through `env`, never their argv.
 
+With a shared KV tier (`relaykv up --kv-offloading-backend mooncake`), a Mooncake Store
+master is the first member (`kvstore`): it starts, and answers `/health` on its loopback admin
+port, before any engine, is restarted like the others when it dies, and stops last, after the
+engines have closed their store clients (docs/tier.md, "Mooncake Store").
+
 With KV events on (cache-aware routing), each engine publishes them and serves their replay
 on `ipc://` sockets in the cluster's runtime directory (`run_dir`, mode 0700: the kernel
 lets no other uid reach them; docs/security.md, "Listeners"), never on a TCP port.
@@ -33,6 +38,7 @@ import httpx
 from relaykv.common.plumbing.child_process import ChildProcess, free_port
 
 _MAX_IPC_PATH = 100  # sun_path holds 107 bytes and a NUL
+STORE = "kvstore"  # the member name of a shared KV tier's master
 
 
 @dataclass(slots=True)
@@ -74,6 +80,7 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)  # extra environment (secrets)
     kv_events: bool = False  # engines publish KV events (docs/kv-events.md) for the router
     run_dir: Path | None = None  # private (0700) directory of the event sockets
+    store: tuple[list[str], str] | None = None  # a KV store master: its argv, its health URL
     members: list[Member] = field(default_factory=list)
     _own_run_dir: bool = False
 
@@ -95,6 +102,9 @@ class Cluster:
             self.run_dir = Path(tempfile.mkdtemp(prefix="relaykv-run-"))  # mode 0700
             self._own_run_dir = True
         host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.store is not None:
+            argv, url = self.store
+            self.members.append(Member(STORE, url, argv, log_dir / f"{STORE}.log"))
         for role, count, extra in (
             ("prefill", self.num_prefill, self.prefill_args),
             ("decode", self.num_decode, self.decode_args),
@@ -136,10 +146,22 @@ class Cluster:
     ) -> None:
         if not self.members:
             self.plan()
-        for member in self.members:
-            self.launch(member)
         deadline = time.monotonic() + timeout
-        pending = list(self.members)
+        first = [m for m in self.members if m.role == STORE]  # engines connect to it
+        for group in (first, [m for m in self.members if m not in first]):
+            for member in group:
+                self.launch(member)
+            self._await(group, deadline, timeout, progress)
+
+    def _await(
+        self,
+        pending: list[Member],
+        deadline: float,
+        timeout: float,
+        progress: Callable[[str], None] | None,
+    ) -> None:
+        """Wait until every member of `pending` answers `/health` (stop all if one dies)."""
+        pending = list(pending)
         with httpx.Client(timeout=2.0) as client:
             while pending:
                 for member in list(pending):
@@ -179,7 +201,7 @@ class Cluster:
         --drain-timeout), then prefill, then decode engines; returns each exit status."""
         codes: dict[str, int] = {}
         for role, wait_s in (("router", router_timeout), ("prefill", timeout),
-                             ("decode", timeout)):
+                             ("decode", timeout), (STORE, timeout)):
             group = [m.child for m in self.members if m.role == role and m.child is not None]
             for child in group:
                 child.signal_stop()

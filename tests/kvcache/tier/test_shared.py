@@ -17,7 +17,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from relaykv.cache_probe.oracle import oracle_hit
-from relaykv.kvcache import NULL_BLOCK, CacheRequest, KVCacheManager, assert_consistent
+from relaykv.kvcache import (
+    NULL_BLOCK,
+    CacheRequest,
+    CacheRole,
+    KVCacheManager,
+    KVLoad,
+    assert_consistent,
+)
 from relaykv.kvcache.tier import JobKind, SharedTierBackend, TieredKeys, TierJob
 
 from ..strategies import geometries, related_prompts
@@ -93,10 +100,10 @@ class StoreKeysView:
 
 
 class Engine:
-    def __init__(self, geo, store: FakeStore, blocks: int = 200, capacity: int = 10_000) -> None:
+    def __init__(self, geo, store: FakeStore, blocks: int = 200, **pd: object) -> None:
         self.pages: dict[int, object] = {}
-        self.tier = StoreClientTier(store, self.pages, capacity)
-        self.m = KVCacheManager(geo, blocks, max_in_flight_tokens=64, tier=self.tier)
+        self.tier = StoreClientTier(store, self.pages, 10_000)
+        self.m = KVCacheManager(geo, blocks, max_in_flight_tokens=64, tier=self.tier, **pd)
 
     def content(self, req: CacheRequest, g: int, i: int) -> object:
         b = self.m.rules[g].block_size
@@ -175,3 +182,117 @@ def test_lost_master_forgets_and_misses() -> None:
     store.set_up(True)  # a new master, empty
     a.serve("a1", other)
     assert b.serve("b2", [*other, 2]) >= 32  # hits again
+
+
+# -- the decode side of P/D: load from the store what it can, ask P for the rest ----------
+
+
+def _decode(geo, store: FakeStore, policy: str) -> Engine:
+    return Engine(geo, store, 1000, pd_policy=policy, pd_role=True)
+
+
+def _prefill(p: Engine, rid: str, prompt: list[int]) -> None:
+    """P computes `prompt` (its stores run) and lets it go (what D reads is simulated)."""
+    req = p.m.add_request(rid, prompt, role=CacheRole.PREFILL)
+    adm = p.m.admit(req, 1 << 20)
+    assert adm is not None
+    if adm.loads_from_tier:
+        p.tier.run_all()
+        p.m.tier_poll()
+    p.write(req, adm.start, req.num_tokens)
+    p.m.commit(req, req.num_tokens)
+    p.m.hold_for_transfer(req)
+    p.tier.run_all()
+    p.m.tier_poll()
+    p.m.release(req)
+
+
+def _receive(d: Engine, rid: str, prompt: list[int], release_early: bool = False) -> KVLoad:
+    """D receives `prompt`: the tier fills `from_tier`, "P" fills `receive` with the right
+    contents; returns the delivered load with every held block checked."""
+    req = d.m.add_request(rid, prompt, role=CacheRole.DECODE)
+    load = d.m.receive(req)
+    assert load is not None
+    held = [set(load.plan.held[g]) for g in range(len(d.m.rules))]
+    for g, rule_held in enumerate(held):
+        sources = [
+            set(load.local[g]),
+            set(load.attached[g]),
+            {k for k, _ in load.receive[g]},
+            {k for k, _, _ in load.from_tier[g]},
+        ]
+        assert sum(len(s) for s in sources) == len(rule_held) and set().union(*sources) == rule_held
+    if release_early:
+        d.m.release(req)
+    for g, items in enumerate(load.receive):
+        for k, block in items:
+            if k < req.num_prompt_tokens // d.m.rules[g].block_size:  # a full block
+                d.pages[block] = d.content(req, g, k)
+    delivered = d.m.load_finished(load, True) if load.needs_transfer else []
+    assert (load in delivered) == (not any(load.from_tier) and not release_early)
+    d.tier.run_all()
+    d.m.tier_poll()
+    delivered += d.m.tier_delivered()
+    if release_early:
+        assert not delivered
+        assert d.m.pool.num_free == d.m.pool.num_usable  # nothing leaked
+        return load
+    assert delivered == [load] and load.ok
+    for g, blocks in enumerate(held):
+        for k in blocks:
+            block = req.tables[g][k]  # (a window block D no longer needs is free: null)
+            if block != NULL_BLOCK and k < req.num_prompt_tokens // d.m.rules[g].block_size:
+                assert d.pages[block] == d.content(req, g, k), (g, k)
+    assert d.m.reserve(req, req.num_tokens)
+    d.m.commit(req, req.num_tokens)
+    d.m.release(req)
+    assert_consistent(d.m)
+    return load
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    geo=geometries(max_groups=3),
+    policy=st.sampled_from(["per-group", "legacy", "exact"]),
+    shared=st.integers(40, 120),
+    tails=st.tuples(st.integers(1, 20), st.integers(1, 20)),
+    early=st.booleans(),
+)
+def test_decode_loads_from_the_store_and_asks_p_for_the_rest(
+    geo, policy, shared, tails, early
+) -> None:
+    store = FakeStore()
+    p = Engine(geo, store, 1000, pd_policy=policy, pd_role=True)
+    x = [i % 7 for i in range(shared)]
+    xa, xb = x + [5] * tails[0], x + [6] * tails[1]
+    _prefill(p, "pa", xa)
+    cold = _decode(geo, FakeStore(), policy)
+    full = _receive(cold, "cold", xb)  # a decode engine without the store: all from P
+    _prefill(p, "pb", xb)
+    d = _decode(geo, store, policy)
+    load = _receive(d, "warm", xb, release_early=early)
+    from_p = sum(len(r) for r in load.receive)
+    assert from_p + sum(len(t) for t in load.from_tier) == sum(len(r) for r in full.receive)
+    unit = max(geo.alignment, *(rule.block_size for rule in d.m.rules))
+    if any(spec.kind == "full" for spec in geo.groups) and shared >= 4 * unit:
+        assert any(load.from_tier)  # the shared prefix's full blocks came from the store
+
+
+def test_restarted_decode_engine_asks_p_for_a_quarter() -> None:
+    from relaykv.kvcache import Geometry, GroupSpec
+
+    geo = Geometry((GroupSpec("full", 16), GroupSpec("sliding", 16, window=64)))
+    store = FakeStore()
+    p = Engine(geo, store, 1000, pd_role=True)
+    x = [i % 11 for i in range(1024)]
+    xa, xb = [*x, *range(32)], [*x, *range(40, 72)]
+    _prefill(p, "pa", xa)
+    first = _receive(_decode(geo, store, "per-group"), "d-a", xa)
+    restarted = _decode(geo, store, "per-group")  # kill -9 and restart: an empty pool
+    _prefill(p, "pb", xb)
+    second = _receive(restarted, "d-b", xb)
+    # x+a's prompt KV (what D held after it, from P or the store) against what P sent for
+    # x+b: at most a quarter; the shared prefix came from the store.
+    moved = sum(len(r) + len(t) for r, t in zip(first.receive, first.from_tier, strict=True))
+    from_p = sum(len(r) for r in second.receive)
+    assert from_p * 4 <= moved and any(second.from_tier), (from_p, moved)

@@ -20,6 +20,7 @@ NAMES = [
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
     "relaykv:kv_bytes_received",
+    "relaykv:kv_bytes_from_tier",
     "relaykv:kv_bytes_sent",
     "relaykv:kv_transfer_seconds",
     "relaykv:kv_coalesced_loads",

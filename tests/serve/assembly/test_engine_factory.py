@@ -129,6 +129,38 @@ def test_max_model_len_defaults_to_the_model_limit() -> None:
             ),
             "--kv-offloading-backend",
         ),
+        (
+            EngineOptions(num_blocks=400, kv_offloading_size=0.001, kv_store_master="h:1"),
+            "--kv-store-master",  # a master without the mooncake backend
+        ),
+        (
+            EngineOptions(
+                num_blocks=400,
+                kv_offloading_size=0.001,
+                kv_offloading_backend="mooncake",
+                kv_store_master="nohost",
+                kv_secret_file="f",
+            ),
+            "--kv-store-master",
+        ),
+        (
+            EngineOptions(
+                num_blocks=400,
+                kv_offloading_size=0.001,
+                kv_offloading_backend="mooncake",
+                kv_store_master="127.0.0.1:50051",
+            ),
+            "--kv-secret-file",
+        ),
+        (
+            EngineOptions(
+                num_blocks=400,
+                kv_offloading_backend="mooncake",
+                kv_store_master="127.0.0.1:50051",
+                kv_secret_file="f",
+            ),
+            "--kv-offloading-backend",  # no --kv-offloading-size
+        ),
     ],
 )
 def test_bad_options_name_their_flag(options: EngineOptions, flag: str) -> None:

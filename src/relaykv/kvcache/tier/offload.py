@@ -206,6 +206,10 @@ class KVTier:
             keys = req.keys(g)
             table = req.tables[g]
             copies.extend(TierCopy(g, keys[i], slot, table[i]) for i, slot in loads)
+        return self.start_copies(req, copies)
+
+    def start_copies(self, req: CacheRequest, copies: list[TierCopy]) -> TierJob:
+        """Load `copies` (tier slot -> a fresh block of `req`); `poll` reports the job."""
         self.index.pin([c.slot for c in copies])
         job = self._submit(JobKind.LOAD, copies, req.request_id)
         self._loads[job.job_id] = req

@@ -97,6 +97,11 @@ COUNTERS: tuple[tuple[str, str, Read], ...] = (
         lambda e: e.manager.stats.kv_bytes_received,
     ),
     (
+        "relaykv:kv_bytes_from_tier",
+        "Prompt KV bytes a decode engine loaded from its KV tier instead of a prefill engine.",
+        lambda e: e.manager.stats.kv_bytes_from_tier,
+    ),
+    (
         "relaykv:kv_bytes_sent",
         "KV bytes sent to decode engines.",
         lambda e: e.manager.stats.kv_bytes_sent,

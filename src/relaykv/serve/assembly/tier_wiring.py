@@ -65,3 +65,12 @@ def _store_settings(options: EngineOptions, model_name: str) -> dict[str, Any]:
         "secret": secret,
         "namespace": f"{model_name or options.model}|{options.dtype}",
     }
+
+
+def store_master_member(host: str) -> tuple[list[str], str, str]:
+    """For `relaykv up --kv-offloading-backend mooncake`: the local master's argv, the
+    address engines get as `--kv-store-master` and its `/health` URL (loopback admin port)."""
+    from relaykv.transfer.tier.store_master import MasterPorts, master_argv
+
+    ports = MasterPorts.free(host)
+    return master_argv(ports), ports.address, f"http://127.0.0.1:{ports.admin}"

@@ -13,12 +13,14 @@ pages themselves are never registered with Mooncake's transfer engine. A second 
 answers `probe` (which blocks the store holds, `batch_is_exist`), which the step thread
 waits for at most `probe_timeout` seconds: a lookup never stalls on a slow master.
 
-The master may die. `health_check()` (local, instant) is asked before every call; while it
-fails, jobs fail at once (a load's request computes, or asks its prefill engine; a store is
-dropped) and probes find nothing; each change is logged once (a warning when the master is
-lost) and bumps `epoch`, upon which the cache forgets what it believed the store held (a
-restarted master starts empty). When the master is back, Mooncake's client remounts this
-engine's segment by itself and stores and hits resume.
+The master may die. `health_check()` (local, instant) is asked before every call, and a call
+that finds no master marks it lost for a few seconds (Mooncake's health check notices only
+after some missed pings). While it is lost, jobs fail at once (a load's request computes,
+or asks its prefill engine; a store is dropped) and probes find nothing; each change is
+logged once (a warning when the master is lost) and bumps `epoch`, upon which the cache
+forgets what it believed the store held (a restarted master starts empty). When the master
+is back, Mooncake's client remounts this engine's segment by itself and stores and hits
+resume.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -46,6 +49,8 @@ LOCAL_BUFFER_BYTES = 16 << 20  # the client's own transfer buffer (we use regist
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses a smaller segment
 STAGING_BYTES = 32 << 20  # the worker's staging buffer, at least one block
 HEALTHY = 0
+MASTER_LOST = {-900}  # Mooncake's RPC_FAIL: the master did not answer
+RETRY_S = 3.0  # after a call found the master gone, how long before the store is tried again
 
 
 class StoreClient(Protocol):
@@ -123,6 +128,7 @@ class MooncakeTier:
         self._put_config = self._config()
         self.epoch = 0  # bumped on every change of the master's health
         self._healthy = True
+        self._retry_at = 0.0
         self._health_lock = threading.Lock()
         self.bytes_stored = 0
         self.bytes_loaded = 0
@@ -172,7 +178,18 @@ class MooncakeTier:
 
     # -- health --------------------------------------------------------------------------
     def _check_health(self, failed_call: bool = False) -> bool:
-        ok = not failed_call and self.client.health_check() == HEALTHY
+        """Whether to use the store now. A call that failed for want of the master marks it
+        lost at once and for `RETRY_S` (Mooncake's own health check notices a dead master
+        only after a few missed pings, and each call meanwhile takes seconds to fail);
+        after that, its health check decides."""
+        now = time.monotonic()
+        if failed_call:
+            self._retry_at = now + RETRY_S
+            ok = False
+        elif now < self._retry_at:
+            ok = False
+        else:
+            ok = self.client.health_check() == HEALTHY
         with self._health_lock:
             if ok != self._healthy:
                 self._healthy = ok
@@ -189,8 +206,8 @@ class MooncakeTier:
 
     def _exist(self, names: list[str]) -> list[bool]:
         codes = self.client.batch_is_exist(names)
-        if any(c < 0 for c in codes):
-            self._check_health(failed_call=self.client.health_check() != HEALTHY)
+        if any(c in MASTER_LOST for c in codes):
+            self._check_health(failed_call=True)
         return [c == 1 for c in codes]
 
     # -- the worker ----------------------------------------------------------------------
@@ -260,7 +277,7 @@ class MooncakeTier:
     def _note_failure(self, codes: Sequence[int], what: str) -> None:
         bad = [c for c in codes if c < 0]
         log.info("KV store %s failed for %d of %d blocks (%s)", what, len(bad), len(codes), bad[:1])
-        if self.client.health_check() != HEALTHY:
+        if any(c in MASTER_LOST for c in bad):
             self._check_health(failed_call=True)
 
     def _config(self) -> Any:
