@@ -189,3 +189,17 @@ def test_a_preempted_request_s_blocks_wait_for_the_steps_in_flight(model_dirs, p
     assert s.reset_prefix_cache()
     _run_to_end(worker, "a")
     assert pool.get_num_free_blocks() == total
+
+
+def test_vllm_s_reservation_for_requests_in_flight_asks_relaykv(model_dirs) -> None:
+    # vLLM reserves the blocks in-flight prefills still need before it starts an async load
+    # (Scheduler._request_remaining_blocks); its own coordinator holds nothing here.
+    s = _engine(model_dirs, "per-group")
+    s.add_request(_request("a", list(range(1, 301)), None, 16, max_tokens=4))
+    StandInWorker(s).step()
+    remaining = s._request_remaining_blocks(s.requests["a"])
+    relay = s.kv_cache_manager.relay
+    fresh = relay.add_request("fresh", list(range(1, 301)))
+    # What it holds counts: fewer than a request holding nothing needs.
+    assert 0 < remaining < relay.blocks_to_fit(fresh, 304)
+    assert "a" not in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks

@@ -136,6 +136,17 @@ class Scheduler(VllmScheduler):
             else:
                 relay.free(held)
 
+    def _request_remaining_blocks(self, request: Any) -> int:
+        relay = self.relaykv
+        if relay is None:
+            return super()._request_remaining_blocks(request)
+        # vLLM reserves room for in-flight prefills and async loads by asking its own
+        # coordinator; under the plugin relaykv's pool holds the blocks.
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        if self.num_spec_tokens:
+            num_tokens += 1 + self.num_spec_tokens + self.num_lookahead_tokens
+        return relay.relay.blocks_to_fit(relay.cache_request(request), num_tokens)
+
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         relay = self.relaykv
         if (
