@@ -32,7 +32,7 @@ from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 from relaykv.kvcache.tier.backend import TierBackend
 from relaykv.kvcache.tier.jobs import TierCopy
-from relaykv.kvcache.tier.lookup import TieredKeys, find_tiered_hit
+from relaykv.kvcache.tier.lookup import Present, find_tiered_hit
 from relaykv.kvcache.tier.offload import KVTier
 from relaykv.kvcache.tier.plan import parse_interval
 
@@ -289,11 +289,9 @@ class KVCacheManager:
         out: list[dict[int, int]] = []
         for rule in self.rules:
             g = rule.index
-            either = TieredKeys(self.pool, tier.index).maps[g]
             keys = req.keys(g)
-            device = self.pool.maps[g]
-            tier_map = tier.index.maps[g]
-            reused = reusable_blocks(req, rule, either, plan.held[g])
+            device, tier_map = self.pool.maps[g], tier.index.maps[g]
+            reused = reusable_blocks(req, rule, Present(device, tier_map), plan.held[g])
             out.append({k: tier_map[keys[k]] for k in reused if keys[k] not in device})
         return out
 
