@@ -32,7 +32,10 @@ ENGINE_ARGS = ["--num-prefill", "2", "--num-decode", "2", "--num-blocks", "400",
                "--max-restarts", "10", "--drain-timeout", "60",
                # grants the tests take from P and never let D read are freed at lease
                # expiry; a short lease keeps each check's settling short (CI time)
-               "--kv-lease-seconds", "8"]
+               "--kv-lease-seconds", "8",
+               # decode engines take local requests however many streams they run, so the
+               # kill below hits several at once (the default lets a busy D send them via P)
+               "--conditional-max-running", "64"]
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 

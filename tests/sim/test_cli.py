@@ -64,6 +64,7 @@ def test_bad_flags_name_the_flag(capsys) -> None:
         (["--acceptance-rate", "2"], "--acceptance-rate"),
         (["--prefix-repetition-num-prefixes", "0"], "--prefix-repetition-num-prefixes"),
         (["--pd-policy", "magic"], "--pd-policy"),
+        (["--conditional-max-running", "-1"], "--conditional-max-running: must be >= 0"),
     ]
     for extra, message in cases:
         with pytest.raises(SystemExit) as exit_info:

@@ -442,6 +442,12 @@ class KVCacheManager:
 
     def _can_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> bool:
         """The admission gate of §8: blocks for `num_tokens` capped per group must fit."""
+        return self.blocks_to_fit(req, num_tokens, hit) <= self.pool.num_free
+
+    def blocks_to_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
+        """Free blocks `req` still needs to hold `num_tokens` tokens at once, capped per group
+        (§8: a window holds at most its cap); `hit`: blocks it would take first. Read-only:
+        for a driver that reserves room for requests in flight (vLLM's async loads)."""
         needed = 0
         for rule, cap in zip(self.rules, self.sizing.caps, strict=True):
             table = req.tables[rule.index]
@@ -449,7 +455,7 @@ class KVCacheManager:
             if hit is not None and not table:
                 have = sum(1 for b in hit.blocks[rule.index] if b and self.pool.ref_cnt[b] > 0)
             needed += max(0, min(cap, cdiv(num_tokens, rule.block_size)) - have)
-        return needed <= self.pool.num_free
+        return needed
 
     def _allocate(
         self,

@@ -156,6 +156,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--conditional-max-running",
         type=int,
         default=DEFAULT_CONDITIONAL_MAX_RUNNING,
+        help="the router's --conditional-max-running: the requests in flight on a decode "
+        f"engine above which siblings go through P (default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
     )
     g.add_argument(
         "--kv-offloading-size",
