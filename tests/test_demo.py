@@ -13,7 +13,7 @@ import relaykv.demo as demo
 def test_demo_runs_cache_probe_then_legacy_vs_per_group(monkeypatch, tmp_path) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
-    args = argparse.Namespace(quick=True, output_dir=str(tmp_path))
+    args = argparse.Namespace(quick=True, link=False, output_dir=str(tmp_path))
     assert demo.run(args) == 0
     probe, ab, conditional = calls
     assert probe[0] == "cache-probe" and "full:16,sliding:16:64" in probe
@@ -36,13 +36,22 @@ def _is_the_conditional_ab(conditional: list[str], ab: list[str]) -> None:
     assert conditional[conditional.index("--up-cmd") + 1] == ab[ab.index("--up-cmd") + 1]
 
 
-def test_gemma_demo_runs_with_its_draft_then_a_link_shaped_ab(monkeypatch, tmp_path) -> None:
+def test_gemma_demo_runs_with_its_draft_and_the_link_shaped_ab_on_request(
+    monkeypatch, tmp_path
+) -> None:
     import relaykv.model
 
     calls: list[list[str]] = []
     monkeypatch.setattr(demo, "relaykv", lambda argv: calls.append(argv) or 0)
     monkeypatch.setattr(relaykv.model, "is_installed", lambda name: name == "gemma3-270m")
-    assert demo.run(argparse.Namespace(quick=False, output_dir=str(tmp_path))) == 0
+    # By default (the README's `make demo`): the probe, the policy A/B/A, the conditional one.
+    assert demo.run(argparse.Namespace(quick=False, link=False, output_dir=str(tmp_path))) == 0
+    probe, ab, conditional = calls
+    groups = ab[ab.index("--groups") + 1 : ab.index("--prefix-len")]
+    assert [g.split(":")[0] for g in groups] == ["c1/output1", "c8/output32"]
+    _is_the_conditional_ab(conditional, ab)
+    calls.clear()
+    assert demo.run(argparse.Namespace(quick=False, link=True, output_dir=str(tmp_path))) == 0
     probe, ab, link, conditional = calls
     _is_the_conditional_ab(conditional, ab)
     assert probe[probe.index("--draft") + 1] == "0"  # the draft layer's group
@@ -75,4 +84,4 @@ def test_demo_falls_back_to_tiny_hybrid_without_gemma(monkeypatch) -> None:
 
 def test_demo_reports_a_failed_run(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(demo, "relaykv", lambda argv: 3 if argv[0] == "bench" else 0)
-    assert demo.run(argparse.Namespace(quick=True, output_dir=str(tmp_path))) == 3
+    assert demo.run(argparse.Namespace(quick=True, link=False, output_dir=str(tmp_path))) == 3

@@ -2,9 +2,11 @@
 (tools/vllm_own_tests.sh; docs/vllm.md "vLLM's own tests").
 
 `-p tests.vllm.own_suite_plugin` replaces, before vLLM's test modules import them,
-`vllm.v1.core.sched.scheduler.Scheduler` by `relaykv.vllm.Scheduler` (its configs carry no
-relaykv settings, so the default `per-group` policy and relaykv's cache manager are on) and
-the `NixlConnector` of vLLM's connector registry by `RelayKVConnector`. Tests that build
+`vllm.v1.core.sched.scheduler.Scheduler` by `relaykv.vllm.Scheduler`, vLLM's
+`AsyncScheduler` by its async variant (what `--scheduler-cls relaykv.vllm.Scheduler` builds
+under async scheduling) and the `NixlConnector` of vLLM's connector registry by
+`RelayKVConnector`. The tests' configs carry no relaykv settings, so the default
+`per-group` policy and relaykv's cache manager are on. Tests that build
 vLLM's `KVCacheManager` or coordinators directly do not go through the scheduler; they run
 unchanged and say nothing about the plugin.
 """
@@ -15,11 +17,13 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import vllm.v1.core.sched.async_scheduler as async_module
     import vllm.v1.core.sched.scheduler as scheduler_module
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     from relaykv.vllm.connector import RelayKVConnector
-    from relaykv.vllm.scheduler import Scheduler
+    from relaykv.vllm.scheduler import AsyncScheduler, Scheduler
 
     scheduler_module.Scheduler = Scheduler  # type: ignore[misc]
+    async_module.AsyncScheduler = AsyncScheduler  # type: ignore[misc]
     KVConnectorFactory._registry["NixlConnector"] = lambda: RelayKVConnector

@@ -158,3 +158,48 @@ def test_a_load_from_a_prefill_engine_without_the_plugin_is_stock_vllm_s(model_d
     assert keyed == [0, 0]  # nothing keyed while the load flies
     assert (received, again) == _load_from_a_stock_prefill_engine(model_dirs, "legacy")[::2]
     assert received == [19, 9] and again == 0  # NIXL's window clip: no reuse (PR #56449)
+
+
+@pytest.mark.parametrize("policy", ["legacy", "per-group"])
+def test_a_preempted_request_s_blocks_wait_for_the_steps_in_flight(model_dirs, policy) -> None:
+    # Async scheduling on a kv_consumer (vLLM defers frees there): the stand-in worker
+    # launches the prefill and then the decode before either lands; a preemption meanwhile
+    # (reset_prefix_cache(reset_running_requests=True), vLLM's path for it) must not
+    # return blocks those steps still write. Stock vLLM and the plugin agree step by step.
+    s = _engine(model_dirs, policy, "kv_consumer", scheduler_options={"async_scheduling": True})
+    assert s.defer_block_free and type(s).__name__ == "AsyncScheduler"
+    worker = StandInWorker(s)
+    pool = s.kv_cache_manager.block_pool
+    total = pool.get_num_free_blocks()
+    s.add_request(_request("a", list(range(1, 301)), None, 16, max_tokens=4))
+    prefill = worker.launch()
+    decode = worker.launch()  # launched before the prefill lands: two steps in flight
+    held = pool.get_num_free_blocks()
+    assert held < total
+    with pytest.raises(RuntimeError, match="Failed to reset KV cache"):
+        s.reset_prefix_cache(reset_running_requests=True)  # the held blocks block a reset
+    assert s.requests["a"].status.name == "PREEMPTED"
+    assert pool.get_num_free_blocks() == held
+    worker.land(*prefill)
+    assert pool.get_num_free_blocks() == held  # the decode step still writes them
+    worker.land(*decode)
+    assert pool.get_num_free_blocks() == total
+    if s.relaykv is not None:
+        assert s.relaykv.relay.check() == []
+    assert s.reset_prefix_cache()
+    _run_to_end(worker, "a")
+    assert pool.get_num_free_blocks() == total
+
+
+def test_vllm_s_reservation_for_requests_in_flight_asks_relaykv(model_dirs) -> None:
+    # vLLM reserves the blocks in-flight prefills still need before it starts an async load
+    # (Scheduler._request_remaining_blocks); its own coordinator holds nothing here.
+    s = _engine(model_dirs, "per-group")
+    s.add_request(_request("a", list(range(1, 301)), None, 16, max_tokens=4))
+    StandInWorker(s).step()
+    remaining = s._request_remaining_blocks(s.requests["a"])
+    relay = s.kv_cache_manager.relay
+    fresh = relay.add_request("fresh", list(range(1, 301)))
+    # What it holds counts: fewer than a request holding nothing needs.
+    assert 0 < remaining < relay.blocks_to_fit(fresh, 304)
+    assert "a" not in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks

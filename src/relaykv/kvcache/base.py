@@ -136,6 +136,11 @@ class CacheLifecycle(Protocol):
         `relaykv.vllm`), which hands it to `admit`."""
         ...
 
+    def blocks_to_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
+        """Free blocks `req` still needs to hold `num_tokens` tokens (per-group caps, §8);
+        changes nothing."""
+        ...
+
     def receive_local_tokens(self, req: CacheRequest) -> int:
         """The local tokens `receive` would reuse for `req` now (§7,
         `KVLoad.local_tokens`); changes no block."""

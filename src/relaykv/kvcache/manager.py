@@ -32,7 +32,7 @@ from relaykv.kvcache.sizing import CacheSizing
 from relaykv.kvcache.stats import CacheStats
 from relaykv.kvcache.tier.backend import TierBackend
 from relaykv.kvcache.tier.jobs import TierCopy
-from relaykv.kvcache.tier.lookup import TieredKeys, find_tiered_hit
+from relaykv.kvcache.tier.lookup import Present, find_tiered_hit
 from relaykv.kvcache.tier.offload import KVTier
 from relaykv.kvcache.tier.plan import parse_interval
 
@@ -289,11 +289,9 @@ class KVCacheManager:
         out: list[dict[int, int]] = []
         for rule in self.rules:
             g = rule.index
-            either = TieredKeys(self.pool, tier.index).maps[g]
             keys = req.keys(g)
-            device = self.pool.maps[g]
-            tier_map = tier.index.maps[g]
-            reused = reusable_blocks(req, rule, either, plan.held[g])
+            device, tier_map = self.pool.maps[g], tier.index.maps[g]
+            reused = reusable_blocks(req, rule, Present(device, tier_map), plan.held[g])
             out.append({k: tier_map[keys[k]] for k in reused if keys[k] not in device})
         return out
 
@@ -444,6 +442,12 @@ class KVCacheManager:
 
     def _can_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> bool:
         """The admission gate of §8: blocks for `num_tokens` capped per group must fit."""
+        return self.blocks_to_fit(req, num_tokens, hit) <= self.pool.num_free
+
+    def blocks_to_fit(self, req: CacheRequest, num_tokens: int, hit: LocalHit | None = None) -> int:
+        """Free blocks `req` still needs to hold `num_tokens` tokens at once, capped per group
+        (§8: a window holds at most its cap); `hit`: blocks it would take first. Read-only:
+        for a driver that reserves room for requests in flight (vLLM's async loads)."""
         needed = 0
         for rule, cap in zip(self.rules, self.sizing.caps, strict=True):
             table = req.tables[rule.index]
@@ -451,7 +455,7 @@ class KVCacheManager:
             if hit is not None and not table:
                 have = sum(1 for b in hit.blocks[rule.index] if b and self.pool.ref_cnt[b] > 0)
             needed += max(0, min(cap, cdiv(num_tokens, rule.block_size)) - have)
-        return needed <= self.pool.num_free
+        return needed
 
     def _allocate(
         self,

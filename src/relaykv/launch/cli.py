@@ -178,7 +178,8 @@ def _run_cluster(
         print(f"[relaykv up] {message}", file=sys.stderr, flush=True)
 
     say(f"starting {args.num_prefill} prefill + {args.num_decode} decode engines ({args.model}, "
-        f"--pd-policy {args.pd_policy}, --kv-transport {args.kv_transport}) and a router; "
+        f"--pd-policy {args.pd_policy}, --kv-transport {args.kv_transport}) and a router"
+        f"{', after a Mooncake Store master' if store is not None else ''}; "
         f"logs in {cluster.log_dir}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

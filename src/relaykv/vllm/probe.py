@@ -194,10 +194,16 @@ class StandInWorker:
         return hits
 
     def step(self, finished_sending: Sequence[str] = ()) -> tuple[SchedulerOutput, Any]:
+        out, runner = self.launch(finished_sending)
+        return out, self.land(out, runner)
+
+    def launch(self, finished_sending: Sequence[str] = ()) -> tuple[SchedulerOutput, Any]:
+        """Schedule one step and 'run' it: returns the step and what the model runner will
+        report. Under async scheduling the next step may be launched before this one lands."""
         s = self.scheduler
         started = time.perf_counter()
         out = s.schedule()
-        spent = time.perf_counter() - started
+        self.scheduler_seconds += time.perf_counter() - started
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in ids:
@@ -215,9 +221,14 @@ class StandInWorker:
             sampled_token_ids=sampled,
             kv_connector_output=connector_output,
         )
+        return out, runner
+
+    def land(self, out: SchedulerOutput, runner: Any) -> Any:
+        """The model runner's report of a launched step reaches the scheduler."""
+        s = self.scheduler
         started = time.perf_counter()
         outputs = s.update_from_output(out, runner)
-        self.scheduler_seconds += spent + time.perf_counter() - started
+        self.scheduler_seconds += time.perf_counter() - started
         self.steps += 1
         for engine_outputs in outputs.values():
             stats = engine_outputs.scheduler_stats
@@ -225,7 +236,7 @@ class StandInWorker:
                 self.local_hits += stats.prefix_cache_stats.hits
                 if stats.connector_prefix_cache_stats is not None:
                     self.external_hits += stats.connector_prefix_cache_stats.hits
-        return out, outputs
+        return outputs
 
     def _read(self, meta: Any) -> None:
         """NIXL's worker pairs each group's lists end-aligned (D's list is at most P's)."""
@@ -248,13 +259,17 @@ class StandInWorker:
 
 
 def _request(
-    rid: str, prompt: list[int], params: dict[str, Any] | None, block_size: int
+    rid: str,
+    prompt: list[int],
+    params: dict[str, Any] | None,
+    block_size: int,
+    max_tokens: int = 1,
 ) -> Request:
     extra = {"kv_transfer_params": params} if params is not None else None
     return Request(
         rid,
         list(prompt),
-        SamplingParams(max_tokens=1, ignore_eos=True, extra_args=extra),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra),
         None,
         block_hasher=get_request_block_hasher(block_size, sha256),
     )

@@ -5,7 +5,9 @@ scheduler, untouched (the A/B baseline). Under every other policy it replaces th
 `KVCacheManager` by `RelayKVCacheManager` (every cache decision from `relaykv.kvcache`) and,
 after each step, commits what the step computed (relaykv keys blocks once their KV is
 written, docs/design.md §6). Everything else (queues, budgets, preemption, the connector's
-protocol, outputs, metrics) is vLLM's own code.
+protocol, outputs, metrics) is vLLM's own code. Under async scheduling it builds
+`AsyncScheduler`, the same with vLLM's `AsyncScheduler` bookkeeping (vLLM picks its own
+async scheduler only when `--scheduler-cls` is unset).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.outputs import ModelRunnerOutput
@@ -52,6 +55,13 @@ class Scheduler(VllmScheduler):
     # Why this engine runs stock vLLM's cache manager under a relaykv policy (None: it
     # does not).
     relaykv_fallback: str | None = None
+
+    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Scheduler:
+        # `--scheduler-cls` names one class, and vLLM picks its `AsyncScheduler` only when
+        # none is named: under async scheduling this class builds its async variant itself.
+        if cls is Scheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = AsyncScheduler
+        return super().__new__(cls)
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         self.relaykv_options = PluginOptions.from_vllm_config(vllm_config)
@@ -126,6 +136,17 @@ class Scheduler(VllmScheduler):
             else:
                 relay.free(held)
 
+    def _request_remaining_blocks(self, request: Any) -> int:
+        relay = self.relaykv
+        if relay is None:
+            return super()._request_remaining_blocks(request)
+        # vLLM reserves room for in-flight prefills and async loads by asking its own
+        # coordinator; under the plugin relaykv's pool holds the blocks.
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        if self.num_spec_tokens:
+            num_tokens += 1 + self.num_spec_tokens + self.num_lookahead_tokens
+        return relay.relay.blocks_to_fit(relay.cache_request(request), num_tokens)
+
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         relay = self.relaykv
         if (
@@ -153,3 +174,9 @@ class Scheduler(VllmScheduler):
                 if request is not None and not request.is_finished():
                     relay.commit_step(request)
         return outputs
+
+
+class AsyncScheduler(Scheduler, VllmAsyncScheduler):
+    """`relaykv.vllm.Scheduler` under async scheduling (vLLM's default on a GPU): vLLM's
+    `AsyncScheduler` bookkeeping (output placeholders, draft slots) over relaykv's cache.
+    `Scheduler` builds it when `async_scheduling` is on; nobody names it."""

@@ -42,6 +42,27 @@ class _Either(Mapping[bytes, int]):
         return sum(1 for _ in self)
 
 
+class Present(Mapping[bytes, int]):
+    """1 for each key on the device or in the tier: a probe map for the per-group reuse rule
+    (`decode_loads.reusable_blocks` reads 0 as absent, and tier slot 0 is a real slot)."""
+
+    __slots__ = ("device", "tier")
+
+    def __init__(self, device: Mapping[bytes, int], tier: Mapping[bytes, int]) -> None:
+        self.device, self.tier = device, tier
+
+    def __getitem__(self, key: bytes) -> int:
+        if key in self.device or key in self.tier:
+            return 1
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(_Either(self.device, self.tier))
+
+    def __len__(self) -> int:
+        return len(_Either(self.device, self.tier))
+
+
 class TieredKeys:
     """`CachedKeys` over a pool's maps and a tier's: what a lookup with a tier sees."""
 
