@@ -7,8 +7,7 @@ library never breaks the others; the function takes a `TierRequest` and returns 
 
 from __future__ import annotations
 
-import importlib
-
+from relaykv.common.plumbing.lazy_entries import resolve
 from relaykv.kvcache.tier import TierBackend
 from relaykv.transfer.tier.base import TierFactory, TierRequest
 
@@ -30,13 +29,7 @@ def register(name: str, target: str) -> None:
 
 
 def factory(name: str) -> TierFactory:
-    try:
-        module_name, func = _BACKENDS[name].split(":")
-    except KeyError:
-        raise ValueError(
-            f"unknown KV offloading backend {name!r}; choose from {', '.join(_BACKENDS)}"
-        ) from None
-    made: TierFactory = getattr(importlib.import_module(module_name), func)
+    made: TierFactory = resolve(_BACKENDS, name, "KV offloading backend")
     return made
 
 

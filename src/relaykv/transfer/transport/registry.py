@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 
+from relaykv.common.plumbing.lazy_entries import resolve
 from relaykv.transfer.transport.base import KVTransport, TransportOptions
 from relaykv.transfer.transport.wire.auth import SECRET_ENV, SecretError, load_secret_file
 
@@ -23,13 +23,8 @@ TRANSPORT_NAMES: tuple[str, ...] = tuple(_TRANSPORTS)
 
 
 def transport_class(name: str) -> type[KVTransport]:
-    try:
-        module_name, cls_name = _TRANSPORTS[name].split(":")
-    except KeyError:
-        raise ValueError(
-            f"unknown KV transport {name!r}; choose from {', '.join(TRANSPORT_NAMES)}"
-        ) from None
-    return getattr(importlib.import_module(module_name), cls_name)
+    cls: type[KVTransport] = resolve(_TRANSPORTS, name, "KV transport")
+    return cls
 
 
 def get_transport(name: str) -> KVTransport:
