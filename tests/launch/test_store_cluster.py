@@ -151,6 +151,16 @@ def test_restart_warm_from_the_store_master_loss_and_no_leaks(tmp_path) -> None:
             assert time.monotonic() < deadline, "no store after the master came back"
             _complete(router, [*ya, 7])  # P stores what it computes (its index was forgotten)
             time.sleep(0.5)
+        # P's puts land one by one off its step (docs/tier.md "Puts"): the first key is not
+        # the whole checkpoint chain yet; wait until the keys stop coming.
+        settled = len(_keys(master))
+        while True:
+            time.sleep(1.0)
+            now = len(_keys(master))
+            if now == settled:
+                break
+            assert time.monotonic() < deadline, "the store's keys never settled"
+            settled = now
         _kill_and_restart(cluster, supervisor, decode)
         assert _complete(router, yb) == expected["yb"]
         assert _metric(decode.url, "relaykv:kv_bytes_from_tier_total") > 0
