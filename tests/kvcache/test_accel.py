@@ -106,7 +106,10 @@ def test_chain_equals_the_pure_path() -> None:
 def test_the_chain_calls_xxhash_directly_only_once_checked() -> None:
     # The C chain calls XXH3_128bits itself (docs/routing.md "Cost") for the digest callable
     # it was checked against; any other callable is called per unit, to the same hashes.
-    assert ACCEL is not None and accel.direct_xxh3
+    assert ACCEL is not None
+    if not hasattr(ACCEL, "bind_xxh3"):
+        pytest.skip("an accelerator built before bind_xxh3: `pip install -e .` rebuilds it")
+    assert accel.direct_xxh3
     rng = random.Random(15)
     for trial in range(60):
         unit = rng.choice([1, 4, 16])
