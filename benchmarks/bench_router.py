@@ -1,8 +1,10 @@
 """Routing decisions per second and index memory per block (docs/routing.md "Cost").
 
-One decision = the router's whole work for one request and one role: hash the prompt once
-(`Prompt.request_for`), compute the usable hit on every engine of the role with kvcache's
-lookup over that engine's index, and let the cache-aware policy choose. Two prompts:
+One decision = the router's whole work for one request and one role: read the body's ids
+(the intake's check that they are int32 ids, `PromptReader.prompt`, converts them once), hash
+the prompt once (`Prompt.request_for`), compute the usable hit on every engine of the role
+with kvcache's lookup over that engine's index, and let the cache-aware policy choose. Two
+prompts:
 
 * `fresh`: a prompt the router has never seen (its memo of prefix hash chains emptied before
   each decision, so every unit is hashed and the memo's bookkeeping is paid too);
@@ -47,7 +49,6 @@ from relaykv.kvcache import accel, preset
 from relaykv.router.backends import BackendPool
 from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex
-from relaykv.router.prompt import Prompt
 from relaykv.router.routing import Routing
 
 SHARED_TAIL = 1024  # tokens a `shared` prompt does not share with the previous ones
@@ -126,7 +127,8 @@ def decisions_per_s(
         # Interleaved with the baseline (hashing the prompt alone), so both see the same load
         # on a shared machine.
         t0 = time.perf_counter()
-        choice = routing.pick(pool, set(), Prompt(tokens, chains=routing.prompts.chains))
+        prompt_read = routing.prompts.prompt({"prompt": tokens})  # the intake's check
+        choice = routing.pick(pool, set(), prompt_read)
         if role == "decode" and choice is not None:
             assert not routing.decide_path(choice).local  # a suffix of 8,192 tokens
         chosen = choice.backend if choice is not None else None

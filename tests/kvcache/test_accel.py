@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 from relaykv.kvcache import CacheRequest, accel, rules_for
 from relaykv.kvcache.accel import int32_bytes, int32_bytes_py, values_u64, values_u64_py
@@ -34,7 +35,9 @@ ACCEL = accel.native
 needs_accel = pytest.mark.skipif(
     ACCEL is None, reason="C accelerator not built: `pip install -e .` builds it"
 )
-INT32_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 50_000, 255, 256, 65_535, 65_536]
+# ... and either side of one CPython digit (2**30), where the C fast path ends
+INT32_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 50_000, 255, 256, 65_535, 65_536,
+               2**30 - 1, 2**30, -(2**30) + 1, -(2**30), 2**15 - 1, 2**15]
 
 
 def _random_tokens(rng: random.Random, n: int) -> list[int]:
@@ -97,6 +100,33 @@ def test_chain_equals_the_pure_path() -> None:
         got = ACCEL.chain(data, unit * 4, SEED_HASH if parent is None else parent, extra, _H)
         assert got == expected, trial
         assert all(type(h) is bytes and len(h) == 16 for h in got)
+
+
+@needs_accel
+def test_the_chain_calls_xxhash_directly_only_once_checked() -> None:
+    # The C chain calls XXH3_128bits itself (docs/routing.md "Cost") for the digest callable
+    # it was checked against; any other callable is called per unit, to the same hashes.
+    assert ACCEL is not None
+    if not hasattr(ACCEL, "bind_xxh3"):
+        pytest.skip("an accelerator built before bind_xxh3: `pip install -e .` rebuilds it")
+    assert accel.direct_xxh3
+    rng = random.Random(15)
+    for trial in range(60):
+        unit = rng.choice([1, 4, 16])
+        data = rng.randbytes(rng.randrange(0, 40 * unit))
+        parent = rng.choice([SEED_HASH, rng.randbytes(16), rng.randbytes(3), rng.randbytes(40)])
+        extra = rng.choice([b"", salt_prefix("t" * rng.randrange(30))])
+        direct = ACCEL.chain(data, unit * 4, parent, extra, _H)
+        assert direct == ACCEL.chain(data, unit * 4, parent, extra, lambda b: _H(b)), trial
+        assert direct == _chain_loop(data, unit, parent, extra), trial
+    # a callable whose digests differ is never bound: the chain keeps calling it
+    assert not ACCEL.bind_xxh3(xxhash._xxhash.__file__, xxhash.xxh3_64_digest)
+    assert not ACCEL.bind_xxh3("/nonexistent/xxhash.so", _H)
+    assert ACCEL.chain(b"\0" * 8, 4, SEED_HASH, b"", xxhash.xxh3_64_digest) == [
+        xxhash.xxh3_64_digest(SEED_HASH + b"\0" * 4),
+        xxhash.xxh3_64_digest(xxhash.xxh3_64_digest(SEED_HASH + b"\0" * 4) + b"\0" * 4),
+    ]
+    assert ACCEL.chain(b"\0" * 8, 4, SEED_HASH, b"", _H) == _chain_loop(b"\0" * 8, 1)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,16 @@
  *       h_k = digest(h_{k-1} + extra_k + data[k*step:(k+1)*step]) for every full `step`-byte
  *       unit of `data`, h_{-1} = parent, extra_0 = first_extra, later extras empty
  *       (docs/design.md section 2). `digest` is the hash callable (xxhash's
- *       xxh3_128_digest): it is called once per unit on a fresh bytes object, so the hash
- *       stays xxhash's own and this file implements none of it.
+ *       xxh3_128_digest): it is called once per unit on a fresh bytes object, unless it is
+ *       the callable `bind_xxh3` checked, whose C function is then called on one reused
+ *       buffer. Either way the hash stays xxhash's own: this file implements none of it.
+ *
+ *   bind_xxh3(path, digest) -> bool
+ *       Finds XXH3_128bits in xxhash's own extension module, already loaded from `path`
+ *       (dlopen without loading, dlsym), and uses it for `chain` when `digest` is given, if
+ *       xxhash is 0.8 or later and the function's canonical digests equal `digest`'s on
+ *       inputs of every length 0..300. False (and `chain` keeps calling `digest`) otherwise:
+ *       a build of xxhash that does not export the symbol, or a platform without dlopen.
  *
  *   values_u64(mapping, keys) -> bytes
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
@@ -27,6 +35,19 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef _WIN32
+#include <dlfcn.h>
+#define RELAYKV_HAVE_DLOPEN 1
+#endif
+
+/* xxhash's XXH128_hash_t and XXH3_128bits (xxhash.h, stable since 0.8.0). */
+typedef struct {
+    uint64_t low64;
+    uint64_t high64;
+} xxh128_value;
+typedef xxh128_value (*xxh3_128_fn)(const void *data, size_t len);
+static xxh3_128_fn direct_xxh3 = NULL;
+static PyObject *direct_digest = NULL; /* the callable direct_xxh3 was checked against */
 
 /* Item i of a PySequence_Fast list/tuple, re-read on every step: the Python code an odd item
  * runs (__index__, __eq__) may resize a list under us. NULL (RuntimeError) if it shrank. */
@@ -118,6 +139,40 @@ token_value(PyObject *item, Py_ssize_t i, int strict, int32_t *out)
     return 0;
 }
 
+/* An exact int of at most one digit (below 2**30 in magnitude, so within int32): its value in
+ * *out and 1; else 0 (the general path reads it). */
+static inline int
+compact_int(PyObject *item, int32_t *out)
+{
+    if (!PyLong_CheckExact(item)) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        return 0;
+    }
+    *out = (int32_t)PyUnstable_Long_CompactValue((PyLongObject *)item);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(item);
+    if (size < -1 || size > 1) {
+        return 0;
+    }
+    *out = size == 0 ? 0 : (int32_t)(size * (Py_ssize_t)((PyLongObject *)item)->ob_digit[0]);
+    return 1;
+#endif
+}
+
+static inline void
+store_le32(unsigned char *p, int32_t v)
+{
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)u;
+    p[1] = (unsigned char)(u >> 8);
+    p[2] = (unsigned char)(u >> 16);
+    p[3] = (unsigned char)(u >> 24);
+}
+
 static PyObject *
 int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -145,22 +200,122 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         if (item == NULL) {
             goto fail;
         }
+        if (compact_int(item, &v)) { /* no Python code runs: no reference needed */
+            store_le32(p, v);
+            p += 4;
+            continue;
+        }
         Py_INCREF(item);
         int rc = token_value(item, i, strict, &v);
         Py_DECREF(item);
         if (rc < 0) {
             goto fail;
         }
-        uint32_t u = (uint32_t)v;
-        p[0] = (unsigned char)u;
-        p[1] = (unsigned char)(u >> 8);
-        p[2] = (unsigned char)(u >> 16);
-        p[3] = (unsigned char)(u >> 24);
+        store_le32(p, v);
         p += 4;
     }
     return finish(seq, n, out, 1);
 fail:
     return finish(seq, n, out, 0);
+}
+
+/* XXH128_canonicalFromHash: the digest's bytes, big-endian high then low half, as xxhash's
+ * xxh3_128_digest returns them. */
+static void
+canonical(xxh128_value h, unsigned char *b)
+{
+    for (int i = 0; i < 8; i++) {
+        b[i] = (unsigned char)(h.high64 >> (56 - 8 * i));
+        b[8 + i] = (unsigned char)(h.low64 >> (56 - 8 * i));
+    }
+}
+
+/* `chain` with direct_xxh3: every unit's material is built in one reused buffer (the previous
+ * digest, the first unit's extra, the unit's bytes), so the only objects made are the
+ * hashes. Fills every item of `out`; 0 with an exception set on failure. */
+static int
+chain_direct(PyObject *out, const char *src, Py_ssize_t units, Py_ssize_t step,
+             PyObject *parent, PyObject *extra)
+{
+    Py_ssize_t plen = PyBytes_GET_SIZE(parent), elen = PyBytes_GET_SIZE(extra);
+    Py_ssize_t head = plen > 16 ? plen : 16;
+    unsigned char *buf = PyMem_Malloc((size_t)(head + elen + step));
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    memcpy(buf, PyBytes_AS_STRING(parent), plen);
+    memcpy(buf + plen, PyBytes_AS_STRING(extra), elen);
+    Py_ssize_t len = plen + elen; /* the first unit's material: parent + extra + unit */
+    for (Py_ssize_t k = 0; k < units; k++) {
+        memcpy(buf + len, src + k * step, step);
+        canonical(direct_xxh3(buf, (size_t)(len + step)), buf);
+        PyObject *h = PyBytes_FromStringAndSize((const char *)buf, 16);
+        if (h == NULL) {
+            PyMem_Free(buf);
+            return 0;
+        }
+        PyList_SET_ITEM(out, k, h);
+        len = 16; /* later units: the previous digest + unit */
+    }
+    PyMem_Free(buf);
+    return 1;
+}
+
+static PyObject *
+bind_xxh3(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "bind_xxh3(path, digest) takes a str and a callable");
+        return NULL;
+    }
+#ifdef RELAYKV_HAVE_DLOPEN
+    const char *path = PyUnicode_AsUTF8(args[0]);
+    if (path == NULL) {
+        return NULL;
+    }
+    /* xxhash's module is loaded already; RTLD_NOLOAD never loads anything new. The handle
+     * is kept: the module is never unloaded while its function is in use. */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL) {
+        Py_RETURN_FALSE;
+    }
+    xxh3_128_fn fn = (xxh3_128_fn)dlsym(lib, "XXH3_128bits");
+    unsigned (*version)(void) = (unsigned (*)(void))dlsym(lib, "XXH_versionNumber");
+    if (fn == NULL || version == NULL || version() < 800) {
+        dlclose(lib);
+        Py_RETURN_FALSE;
+    }
+    unsigned char input[300], expected[16];
+    for (int i = 0; i < 300; i++) {
+        input[i] = (unsigned char)(i * 131 + 7);
+    }
+    for (Py_ssize_t n = 0; n <= 300; n++) {
+        PyObject *arg = PyBytes_FromStringAndSize((const char *)input, n);
+        if (arg == NULL) {
+            return NULL;
+        }
+        PyObject *want = PyObject_CallOneArg(args[1], arg);
+        Py_DECREF(arg);
+        if (want == NULL) {
+            return NULL;
+        }
+        canonical(fn(input, (size_t)n), expected);
+        int same = PyBytes_Check(want) && PyBytes_GET_SIZE(want) == 16 &&
+                   memcmp(PyBytes_AS_STRING(want), expected, 16) == 0;
+        Py_DECREF(want);
+        if (!same) {
+            dlclose(lib);
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_INCREF(args[1]);
+    Py_XSETREF(direct_digest, args[1]);
+    direct_xxh3 = fn;
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
 }
 
 static PyObject *
@@ -196,6 +351,15 @@ chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const char *src = (const char *)data.buf;
+    if (direct_xxh3 != NULL && digest == direct_digest) {
+        int ok = chain_direct(out, src, units, step, args[2], args[3]);
+        PyBuffer_Release(&data);
+        if (!ok) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        return out;
+    }
     /* The previous hash, borrowed from `parent` or from `out` (which owns it). */
     PyObject *prev = args[2];
     for (Py_ssize_t k = 0; k < units; k++) {
@@ -290,6 +454,8 @@ static PyMethodDef methods[] = {
      "int32_bytes(tokens, strict=False) -> little-endian int32 bytes of token ids"},
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
      "chain(data, step, parent, first_extra, digest) -> list of chained unit hashes"},
+    {"bind_xxh3", (PyCFunction)(void (*)(void))bind_xxh3, METH_FASTCALL,
+     "bind_xxh3(path, digest) -> whether chain calls xxhash's XXH3_128bits directly"},
     {"values_u64", (PyCFunction)(void (*)(void))values_u64, METH_FASTCALL,
      "values_u64(mapping, keys) -> native uint64 bytes of mapping.get(key, 0) per key"},
     {NULL, NULL, 0, NULL},

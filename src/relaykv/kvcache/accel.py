@@ -27,6 +27,23 @@ except ImportError:  # not built (no compiler at install time): the pure-Python 
     native = None
 
 
+def _bind_xxh3() -> bool:
+    """Let the C chain call xxhash's own XXH3_128bits from xxhash's extension module (one
+    reused buffer, no Python call per unit) once it gives `xxh3_128_digest`'s digests;
+    False where it cannot (the chain then calls `xxh3_128_digest`)."""
+    bind = getattr(native, "bind_xxh3", None)  # None: an accelerator built before it existed
+    if bind is None:
+        return False
+    import xxhash
+
+    module = getattr(xxhash, "_xxhash", None)
+    path = getattr(module, "__file__", None)
+    return isinstance(path, str) and bool(bind(path, xxhash.xxh3_128_digest))
+
+
+direct_xxh3 = _bind_xxh3()  # whether the C chain calls XXH3_128bits itself
+
+
 def int32_bytes(tokens: Iterable[int], strict: bool = False) -> bytes:
     """Little-endian int32 bytes of token ids read with `__index__` (ints, numpy integers;
     `strict`: exact ints only, as a JSON body's ids are, so `true` is refused).

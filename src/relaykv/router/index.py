@@ -27,7 +27,7 @@ beyond the device hit at `TIER_WEIGHT` each; the hit itself is kvcache's tiered 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -301,7 +301,7 @@ class EngineIndex:
 
     def request(
         self,
-        tokens: list[int],
+        tokens: Sequence[int],
         salt: str | None = None,
         request_id: str = "route",
         chains: PrefixChains | None = None,
