@@ -107,10 +107,10 @@ def add_disaggregation_arguments(parser: argparse.ArgumentParser) -> None:
         "--conditional-max-running",
         type=int,
         default=DEFAULT_CONDITIONAL_MAX_RUNNING,
-        metavar="REQUESTS",
-        help="a decode engine takes a local request only while this router has at most "
-        "REQUESTS in flight there (a local prefill stalls each of their streams one step; "
-        f"default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
+        metavar="STREAMS",
+        help="a decode engine takes a local request only while at most STREAMS of this "
+        "router's requests decode there (asked for more than one token: a local prefill "
+        f"stalls each of them one step; default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
     )
 
 

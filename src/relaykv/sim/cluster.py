@@ -218,6 +218,7 @@ class SimCluster:
         record = self._live[rid][0]
         record.decode_engine, record.path = engine.name, "local"
         self.router.queue(engine, rid, max(0, path.suffix))
+        self.router.stream(engine, rid, params.max_tokens)
 
     def _hop(self, fn: Callable[[], None]) -> None:
         """Run `fn` once the router has spent a hop on it (after the hops before it)."""
@@ -242,6 +243,7 @@ class SimCluster:
             return
         if role == "decode":
             self._live[rid][0].decode_engine = engine.name
+            self.router.stream(engine, rid, params.max_tokens)
 
     def _progress(self, engine: SimEngine, req: Request, new_tokens: list[int]) -> None:
         rid = req.request_id
@@ -267,6 +269,7 @@ class SimCluster:
             record.output_tokens += len(new_tokens)
         if req.finished:
             self.router.unqueue(rid)
+            self.router.unstream(rid)
             self.router.done(engine)
             if req.error:
                 self._fail(rid, req.error)

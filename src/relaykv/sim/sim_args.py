@@ -156,8 +156,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--conditional-max-running",
         type=int,
         default=DEFAULT_CONDITIONAL_MAX_RUNNING,
-        help="the router's --conditional-max-running: the requests in flight on a decode "
-        f"engine above which siblings go through P (default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
+        help="the router's --conditional-max-running: the streams (requests asking for more "
+        "than one token) decoding on a decode engine above which siblings go through P "
+        f"(default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
     )
     g.add_argument(
         "--kv-offloading-size",
