@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from relaykv.bench.ab.host_cpu import cpu_shares, read_cpu_times
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
 from relaykv.bench.metrics import compute_metrics
@@ -78,6 +79,8 @@ class GroupResult:
     counters: dict[str, Counters]
     errors: list[str] = field(default_factory=list)
     outputs: list[str | None] = field(default_factory=list)  # generated texts, request order
+    # the host's CPU while the group ran: steal_pct, busy_pct (host_cpu.py; {}: unknown)
+    host: dict[str, float] = field(default_factory=dict)
 
 
 async def _counters(cluster: ClusterUrls, log: Callable[[str], None]) -> dict[str, Counters | None]:
@@ -143,7 +146,9 @@ async def run_group(
             desc=f"{group.label} warmup",
         )
     before = await _counters(cluster, log)
+    cpu_before = read_cpu_times()
     run = await run_requests(target, requests, shape, progress=progress, desc=group.label)
+    host = cpu_shares(cpu_before, read_cpu_times())
     after = await _counters(cluster, log)
     metrics = compute_metrics(run.outcomes, run.duration_s, workload.percentiles)
     description = RunDescription(
@@ -164,6 +169,7 @@ async def run_group(
         counters=_deltas(before, after),
         errors=[o.error for o in run.outcomes if not o.success][:10],
         outputs=[o.generated_text if o.success else None for o in run.outcomes],
+        host=host or {},
     )
 
 
