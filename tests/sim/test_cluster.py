@@ -108,7 +108,7 @@ def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     always = _run("per-group")
     local = _run(
         "per-group", disaggregation="conditional", conditional_max_suffix=128,
-        conditional_max_running=4,
+        conditional_max_running=4, conditional_max_queued_prefill=4096,
     )
     # The warmup is P -> D (nothing on D yet); every measured sibling finds the prefix on D.
     assert local["local_requests"] == 12 and always["local_requests"] == 0

@@ -158,7 +158,7 @@ class Routing:
             "disaggregation": {
                 "mode": rule.mode,
                 "max_suffix": rule.max_suffix,
-                "max_queued_prefill": rule.max_queued_prefill,
+                "max_queued_prefill": rule.queue_cap,
                 "max_running": rule.max_running,
                 "paths": dict(self.paths),
             },

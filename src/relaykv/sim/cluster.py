@@ -33,7 +33,6 @@ from relaykv.common.workloads import SampleRequest
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PDPolicy, Role
 from relaykv.router.policy import (
-    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     DEFAULT_CONDITIONAL_MAX_RUNNING,
     ConditionalRule,
     default_sibling_reach,
@@ -73,7 +72,7 @@ class ClusterSpec:
     kv_offloading_interval: int | None = None
     disaggregation: str = "always"  # relaykv router's --disaggregation (module docstring)
     conditional_max_suffix: int | None = None  # None: the cost estimate from the presets
-    conditional_max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+    conditional_max_queued_prefill: int | None = None  # None: the max suffix
     conditional_max_running: int = DEFAULT_CONDITIONAL_MAX_RUNNING
 
     def trip_seconds(self) -> float:
