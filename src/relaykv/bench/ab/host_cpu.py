@@ -56,3 +56,14 @@ def cpu_shares(before: CpuTimes | None, after: CpuTimes | None) -> dict[str, flo
         "steal_pct": 100.0 * (after.steal - before.steal) / total,
         "busy_pct": 100.0 * (after.busy - before.busy) / total,
     }
+
+
+def summed_interval(readings: list[CpuTimes]) -> tuple[CpuTimes, CpuTimes]:
+    """Readings taken in (before, after) pairs -> one (before, after) pair spanning the sum
+    of those intervals only (`cpu_shares` of it: the shares over those intervals)."""
+    total = busy = steal = 0
+    for before, after in zip(readings[::2], readings[1::2], strict=True):
+        total += after.total - before.total
+        busy += after.busy - before.busy
+        steal += after.steal - before.steal
+    return CpuTimes(0, 0, 0), CpuTimes(total, busy, steal)
