@@ -134,7 +134,7 @@ def test_holders_bits_follow_every_engines_events() -> None:
                 held = {k for k, mask in holders.group(group).items() if mask & bit}
                 assert held == set(index.maps[group]), step
     indexes[0].close()
-    assert all(not mask & (1 << 0) for gmap in holders.maps for mask in gmap.values())
+    assert all(not mask & (1 << 0) for gmap in holders.maps for _, mask in gmap.items())
 
 
 def test_tier_events_make_tier_blocks_reachable_at_a_cost() -> None:

@@ -3,9 +3,17 @@ tokenizer (tiny-hybrid's byte tokenizer as `tokenizers` JSON), salt kept."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from tokenizers import Tokenizer
 
+import relaykv.kvcache.request as request_module
+import relaykv.router.prompt as prompt_module
+from relaykv.kvcache import preset
 from relaykv.model.loading.tokenizer import ByteTokenizer
+from relaykv.router.index import EngineIndex
+from relaykv.router.prompt import Prompt
 from relaykv.router.routing import Routing
 from relaykv.serve.api.kv_cache_info import byte_tokenizer_json
 
@@ -38,6 +46,34 @@ def test_prompt_tokens_from_ids_text_and_salt() -> None:
     ):
         assert routing.prompt(body) is None
     assert Routing("least-loaded").prompts.prompt({"prompt": [1, 2]}) is None
+
+
+def test_a_bodys_ids_are_converted_once_and_hash_as_the_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The intake's strict check converts the ids; the request is hashed from that array
+    # (docs/routing.md "Cost"), to the very keys the list gives.
+    tokens = random.Random(5).choices(range(50_000), k=3000)
+    index = EngineIndex(preset("gpt-oss-like"), "decode")
+    expected = Prompt(tokens, "tenant").request_for(index)
+    calls = []
+    convert = prompt_module.int32_bytes
+
+    def counted(raw: list[int], strict: bool = False) -> bytes:
+        calls.append(strict)
+        return convert(raw, strict)
+
+    def refused(*args: object) -> bytes:
+        raise AssertionError("the request converted the ids again")
+
+    monkeypatch.setattr(prompt_module, "int32_bytes", counted)
+    monkeypatch.setattr(request_module, "int32_bytes", refused)
+    prompt = Routing("cache-aware").prompts.prompt({"prompt": tokens, "cache_salt": "tenant"})
+    assert prompt is not None and prompt.tokens == tokens and calls == [True]
+    req = prompt.request_for(index)
+    assert req.tokens.tolist() == tokens and req.tokens is not prompt.ids
+    assert req.hashes.hashes == expected.hashes.hashes
+    assert [req.keys(g) for g in (0, 1)] == [expected.keys(g) for g in (0, 1)]
 
 
 async def test_chat_prompt_through_the_engines_tokenize() -> None:

@@ -202,4 +202,8 @@ def test_vllm_s_reservation_for_requests_in_flight_asks_relaykv(model_dirs) -> N
     fresh = relay.add_request("fresh", list(range(1, 301)))
     # What it holds counts: fewer than a request holding nothing needs.
     assert 0 < remaining < relay.blocks_to_fit(fresh, 304)
-    assert "a" not in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    # vLLM's per-group lists are views of relaykv's tables (relaykv/vllm/mirror.py): the
+    # reservation added nothing to them.
+    req_to_blocks = s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    assert list(req_to_blocks) == ["a"]
+    assert [b.block_id for b in req_to_blocks["a"]] == relay.requests["a"].tables[0]

@@ -27,9 +27,13 @@ CacheRole = Role
 
 
 def _int32_array(prompt: Sequence[int] | np.ndarray) -> tuple[array[int], bytes | None]:
-    """The prompt as an int32 array, and for a list or tuple its little-endian int32 bytes
-    too (what the hashes are computed from: the router converts every 64k-token prompt it
-    routes, `accel.int32_bytes` in C where built; docs/routing.md "Cost")."""
+    """The prompt as an int32 array, and for a list, a tuple or an int32 array its
+    little-endian int32 bytes too (what the hashes are computed from: the router converts
+    every 64k-token prompt it routes once, `accel.int32_bytes` in C where built, and hands
+    the array on; docs/routing.md "Cost")."""
+    if isinstance(prompt, array) and prompt.typecode == "i" and prompt.itemsize == 4:
+        out = prompt[:]  # a copy: the request may grow its own
+        return out, out.tobytes() if np.little_endian else None
     if isinstance(prompt, list | tuple) and array("i").itemsize == 4:
         data = int32_bytes(prompt)
         out = array("i")

@@ -14,7 +14,11 @@ prompt with recent ones hash only the rest (`kvcache.hashing.PrefixChains`).
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -35,17 +39,25 @@ class Prompt:
     tokens: list[int]
     salt: str | None = None
     chains: PrefixChains | None = None
+    ids: array[int] | None = None  # `tokens` as int32, when the intake converted them already
     _requests: dict[Any, CacheRequest] = field(default_factory=dict)
     _counts: dict[Any, PromptCounts] = field(default_factory=dict)
 
     def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
         """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
-        key = (index.geometry, group)
+        key = (holders, index.geometry, group)
         found = self._counts.get(key)
         if found is None:
             keys = self.request_for(index).keys(group)
             found = self._counts[key] = PromptCounts(holders, group, keys)
         return found
+
+    def counts_for(self, index: EngineIndex) -> Callable[[int], PromptCounts] | None:
+        """`index`'s view of the prompt's counts in its role's holders map (None: it has
+        none), as `EngineIndex.usable_hit` and `hit_bound` take it."""
+        if index.holders is None:
+            return None
+        return partial(self.counts, index.holders, index)
 
     def recount(self) -> None:
         """Forget the counts: the holders map changed (a new decision begins)."""
@@ -56,21 +68,27 @@ class Prompt:
         key = index.geometry
         req = self._requests.get(key)
         if req is None:
-            req = self._requests[key] = index.request(
-                self.tokens, self.salt, chains=self.chains
-            )
+            tokens = self.ids if self.ids is not None else self.tokens
+            req = self._requests[key] = index.request(tokens, self.salt, chains=self.chains)
         return req
 
 
-def _token_ids(raw: list[Any]) -> bool:
-    """Whether a body's `prompt` list is token ids the router can hash: exact ints within
-    int32 (one C pass where kvcache's accelerator is built). Anything else is routed on
-    load alone, and the engine answers it (a 400 for ids it cannot take)."""
+def _token_ids(raw: list[Any]) -> array[int] | None:
+    """A body's `prompt` list as int32 ids, if it is token ids the router can hash: exact
+    ints within int32 (one C pass where kvcache's accelerator is built; the array is what
+    the request is hashed from, so the list is converted once). Anything else (None) is
+    routed on load alone, and the engine answers it (a 400 for ids it cannot take)."""
     try:
-        int32_bytes(raw, strict=True)
+        data = int32_bytes(raw, strict=True)
     except (TypeError, OverflowError):
-        return False
-    return True
+        return None
+    ids = array("i")
+    if ids.itemsize != 4:  # no such platform in practice: convert item by item
+        return array("i", raw)
+    ids.frombytes(data)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids
 
 
 class PromptReader:
@@ -105,8 +123,11 @@ class PromptReader:
         raw = body.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
             raw = raw[0]
-        if isinstance(raw, list) and raw and _token_ids(raw):
-            return Prompt(raw, salt, self.chains)
+        if isinstance(raw, list) and raw:
+            converted = _token_ids(raw)
+            if converted is not None:
+                return Prompt(raw, salt, self.chains, converted)
+            return None
         if isinstance(raw, str) and raw and self._tokenizer is not None:
             try:
                 ids = self._tokenizer.encode(raw, add_special_tokens=True).ids

@@ -12,6 +12,8 @@ relaykv.vllm.probe` in the vLLM venv (tools/vllm_venv.sh). A user adds two flags
 * `options`: the plugin's settings (`pd_policy`, `retention`) from vLLM's configs.
 * `manager`: `RelayKVCacheManager`, relaykv's `KVCacheManager` behind vLLM's
   `KVCacheManager` surface: every cache decision comes from `relaykv.kvcache`.
+* `mirror`: vLLM's block pool, per-group block lists and block objects as live views of
+  relaykv's pool and tables (what vLLM's components and connectors read stays true).
 * `scheduler`: `Scheduler`, vLLM's scheduler with that manager (policies other than
   `legacy`; `legacy` is stock vLLM untouched).
 * `connector`: `RelayKVConnector`, vLLM's NIXL connector whose block lists come from

@@ -23,7 +23,8 @@ The mapping, call by call:
 | P side `request_finished` (connector) | `hold_for_transfer`                            |
 
 vLLM's own coordinator stays constructed but never decides anything; its read-only
-helpers (group metadata for KV events) are reused.
+helpers (group metadata for KV events) are reused, and its per-group block lists, its
+block pool and vLLM's block objects read relaykv's state (relaykv/vllm/mirror.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import KVCacheEvent
-from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
 from vllm.v1.request import Request
@@ -42,10 +42,10 @@ from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.manager import KVCacheManager
 from relaykv.kvcache.pd_config import PDPolicy, Role
 from relaykv.kvcache.pd_plan import pd_plan
-from relaykv.kvcache.pool import BlockPool as RelayBlockPool
 from relaykv.kvcache.pool import KVEvent
 from relaykv.kvcache.request import CacheRequest, KVLoad
 from relaykv.vllm.events import to_vllm_event
+from relaykv.vllm.mirror import adopt_blocks
 from relaykv.vllm.options import PluginOptions
 
 # The transfer parameter naming the relaykv policy the prefill engine ran (both sides).
@@ -64,21 +64,6 @@ def request_role(request: Request) -> Role:
     if params.get("do_remote_decode"):
         return Role.PREFILL
     return Role.COLOCATED
-
-
-class RelayBlockPoolView(BlockPool):
-    """vLLM's block pool object, its capacity answered from relaykv's pool (`relay`).
-
-    Under the plugin vLLM's own pool allocates nothing; the scheduler, connectors and
-    metrics that ask it how many blocks are free (`get_num_free_blocks`, `get_usage`) get
-    relaykv's count. Its KVCacheBlock objects are the ones the plugin hands out."""
-
-    def __init__(self, stock: BlockPool, relay: RelayBlockPool) -> None:
-        self.__dict__.update(stock.__dict__)
-        self.relay = relay
-
-    def get_num_free_blocks(self) -> int:
-        return self.relay.num_free
 
 
 class RelayKVCacheManager(VllmKVCacheManager):
@@ -111,11 +96,12 @@ class RelayKVCacheManager(VllmKVCacheManager):
             raise ValueError(f"relaykv.vllm: {exc}") from None
         self.geometry = geometry
         self.options = options
-        self._block_objects = stock.block_pool.blocks  # vLLM's KVCacheBlock by block id
-        view = RelayBlockPoolView(stock.block_pool, self.relay.pool)
-        self.block_pool = self.coordinator.block_pool = view
-        for single in self.coordinator.single_type_managers:
-            single.block_pool = view
+        # vLLM's pool, per-group block lists and block objects become live views of
+        # relaykv's (relaykv/vllm/mirror.py): what vLLM's components read stays true.
+        view = adopt_blocks(stock.block_pool, self.coordinator, self.relay)
+        self.block_pool = view
+        self.names = view.names
+        self._block_objects = view.blocks  # vLLM's KVCacheBlock by block id
         self._requests: dict[str, Request] = {}
         # Loads vLLM still tracks (its request waits for remote KV), even once relaykv
         # delivered them at `receive` because nothing had to move.
@@ -146,6 +132,7 @@ class RelayKVCacheManager(VllmKVCacheManager):
                 role=request_role(request),
             )
             self._requests[request.request_id] = request
+            self.names.name(request, creq)
         return creq
 
     def _commit(self, request: Request, creq: CacheRequest, processed: int) -> None:
@@ -154,6 +141,7 @@ class RelayKVCacheManager(VllmKVCacheManager):
             return  # its KV is still arriving: keys come with the load's end
         new_tokens = list(request.all_token_ids[creq.num_tokens : request.num_tokens])
         self.relay.commit(creq, max(0, processed), new_tokens)
+        self.names.name(request, creq)
 
     def commit_step(self, request: Request) -> None:
         """After a step: key what the request's processed tokens wrote, free dead windows."""
@@ -332,20 +320,27 @@ class RelayKVCacheManager(VllmKVCacheManager):
                 "load is in flight"
             )
         if request.is_finished():
-            # Its scheduled steps were handed to the worker: they write the KV of every
-            # known token they cover before any later step reads it (vLLM keys them at
-            # allocation). Drafts and placeholders lie past `num_tokens`.
-            written = min(request.num_computed_tokens, request.num_tokens)
+            self.finish(request)
         else:
-            written = request.num_computed_tokens - request.num_in_flight_tokens
-        self._commit(request, creq, written)
+            self._commit(request, creq, request.num_computed_tokens - request.num_in_flight_tokens)
         self._external_loads.discard(request.request_id)
         if request.is_finished():
             self.relay.release(creq)
             self._requests.pop(request.request_id, None)
             self._loads.pop(request.request_id, None)
+            self.names.forget(request.request_id)
         else:
             self.relay.preempt(creq)  # preempted: keeps its tokens and hashes
+
+    def finish(self, request: Request) -> None:
+        """`request` finished: key what its handed-out steps write. They write the KV of
+        every known token they cover before any later step reads it (vLLM keys them at
+        allocation); drafts and placeholders lie past `num_tokens`. The scheduler calls
+        this before vLLM's finish hooks (the auxiliary-output connector asks the pool which
+        of the request's blocks stay cached), `free` again (idempotent)."""
+        creq = self.relay.requests.get(request.request_id)
+        if creq is not None:
+            self._commit(request, creq, min(request.num_computed_tokens, request.num_tokens))
 
     def detach(self, request: Request) -> list[int]:
         """A preempted request whose blocks a step in flight may still write: it leaves
@@ -390,7 +385,7 @@ class RelayKVCacheManager(VllmKVCacheManager):
         )
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        self.relay.pool.uncache(sorted(block_ids))
+        self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
         if not self.relay.pool.reset():

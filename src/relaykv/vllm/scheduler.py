@@ -16,6 +16,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
@@ -41,8 +42,16 @@ def unsupported_settings(vllm_config: Any) -> list[str]:
             "EAGLE lookahead block hashes (relaykv's successor keys are its own; set "
             "disable_lookahead_block_hashes)"
         )
-    if getattr(vllm_config, "aux_output_config", None) and vllm_config.aux_output_config.enabled:
-        problems.append("aux output connectors")
+    transfer = vllm_config.kv_transfer_config
+    if (
+        vllm_config.aux_output_config.enabled
+        and transfer is not None
+        and transfer.kv_connector == "RelayKVConnector"
+        and transfer.kv_role in ("kv_consumer", "kv_both")
+    ):
+        # vLLM drops a remote load whose auxiliary outputs are not retained here
+        # (`cap_external_hit`); relaykv's decode-side reuse of the P/D plan has no such cap.
+        problems.append("auxiliary outputs on a decode engine of RelayKVConnector")
     return problems
 
 
@@ -50,6 +59,7 @@ class Scheduler(VllmScheduler):
     """vLLM's scheduler; under a relaykv policy its KV cache manager is relaykv's."""
 
     kv_cache_manager: Any  # vLLM's KVCacheManager, or RelayKVCacheManager (a subclass)
+    aux_output_connector: Any
     # relaykv's manager; None: stock vLLM's (legacy, or a model relaykv has no rules for).
     relaykv: RelayKVCacheManager | None = None
     # Why this engine runs stock vLLM's cache manager under a relaykv policy (None: it
@@ -107,6 +117,17 @@ class Scheduler(VllmScheduler):
         self.kv_cache_manager = self.relaykv
         if self.connector is not None:
             self.connector.bind_kv_cache_manager(self.relaykv)
+        if self.aux_output_connector is not None:
+            # It asks the pool which block hashes stay cached: relaykv's (mirror.py).
+            self.aux_output_connector = AuxOutputSchedulerConnector(self.relaykv, self.connector)
+
+    def _free_request(self, request: Any, delay_free_blocks: bool = False) -> Any:
+        if self.relaykv is not None:
+            # Key what the finished request's steps write before vLLM's finish hooks ask
+            # which of its blocks stay cached (the auxiliary-output connector), as vLLM
+            # keyed them at allocation.
+            self.relaykv.finish(request)
+        return super()._free_request(request, delay_free_blocks)
 
     def _free_request_blocks(self, request: Any) -> None:
         relay = self.relaykv
