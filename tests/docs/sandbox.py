@@ -7,11 +7,11 @@ another user's. A `Sandbox` is a network, mount and PID namespace (`unshare --ne
 doc creates are the sandbox's own), on /dev/shm and, unless the checkout lives there, on
 /tmp. Every command runs in it through `nsenter`, optionally inside one of the `ip netns`
 namespaces the doc created (its "hosts"). When the sandbox closes, its servers are stopped
-(SIGTERM to each process group; SIGKILL at once when the sandbox has its own /tmp, else once
-the group has exited or after a timeout, so a `relaykv up` can remove its runtime directory
-from the host's /tmp), then its PID namespace's init is killed, so the kernel kills whatever
-is left (a supervisor's members included); the namespaces, veth pairs and files vanish with
-their last process, also when a test fails half way.
+(`stop`: SIGTERM to each process group, then SIGKILL: at once when the sandbox has its own
+/tmp, else once the group has exited or after a timeout, so that a `relaykv up` removes its
+runtime directory from the host's /tmp), then its PID namespace's init is killed, so the
+kernel kills whatever is left (a supervisor's members included); the namespaces, veth pairs
+and files vanish with their last process, also when a test fails half way.
 
 Commands get the environment a user of the docs has after `source .venv/bin/activate`:
 the venv's bin first on PATH, and none of the test session's `RELAYKV_*` variables (the
@@ -137,7 +137,7 @@ class Sandbox:
 
     def close(self) -> None:
         for server in reversed(self.servers):
-            self.stop(server, timeout=30 if self._shares_tmp else 0)
+            self.stop(server)
         if self._holder is not None and self._holder.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._holder.pid, signal.SIGKILL)
@@ -182,15 +182,16 @@ class Sandbox:
         return server
 
     def stop(self, server: Server, timeout: float = 30) -> int:
-        """SIGTERM to the server's process group, SIGKILL after `timeout`; its exit status.
+        """SIGTERM to the server's process group, then SIGKILL; its exit status.
 
-        The group's leader is `nsenter`, which dies of the SIGTERM at once; the command in the
-        sandbox (`relaykv up` draining its cluster, say) gets the same SIGTERM and is given
-        the whole `timeout` to finish before anything is killed."""
+        The group's leader is `nsenter`, which dies of the SIGTERM at once. With its own /tmp
+        the sandbox SIGKILLs the rest at once too (whatever they leave vanishes with the
+        sandbox); sharing the host's, the command (`relaykv up` draining its cluster, say)
+        gets up to `timeout` seconds to exit and clean up first."""
         if server.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if self._shares_tmp else 0)
         while _group_alive(server.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):  # anything still in its group

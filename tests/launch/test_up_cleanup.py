@@ -168,16 +168,6 @@ def test_a_failed_start_removes_the_runtime_dir_and_keeps_the_logs(standins: Sta
     assert (log_dir / "decode0.log").exists()
 
 
-def test_a_given_log_dir_stays(standins: StandIns, tmp_path: Path) -> None:
-    proc = standins.up("--log-dir", str(tmp_path / "logs"))
-    standins.ready(proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"prefill0.log", "decode0.log",
-                                                                "router.log"}
-    assert list(standins.tmp.iterdir()) == []
-
-
 def test_a_signal_during_startup_stops_up_at_once(standins: StandIns) -> None:
     """Members that never answer /health and a startup timeout of 10 minutes: SIGTERM stops
     the cluster now, not once startup gives up."""
@@ -192,19 +182,22 @@ def test_a_signal_during_startup_stops_up_at_once(standins: StandIns) -> None:
     assert not any(_alive(pid) for pid in standins.member_pids())
 
 
-def test_the_next_up_removes_what_a_killed_up_left(standins: StandIns) -> None:
-    """(That it never removes a live `up`'s directory: tests/launch/test_run_dir.py.)"""
+def test_the_next_up_removes_what_a_killed_up_left(standins: StandIns, tmp_path: Path) -> None:
+    """(That it never removes a live `up`'s directory: tests/launch/test_run_dir.py.) The
+    next `up` keeps the logs of a given --log-dir."""
     killed = standins.up()
     standins.ready(killed)
     killed.kill()
     killed.wait(timeout=60)
     (left,) = standins.run_dirs()  # SIGKILL: its directory, secret and all, stays
     assert (left / "kv-secret").exists()
-    proc = standins.up()
+    proc = standins.up("--log-dir", str(tmp_path / "logs"))
     standins.ready(proc)
     (run_dir,) = standins.run_dirs()
     assert run_dir != left and not left.exists()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"prefill0.log", "decode0.log",
+                                                                "router.log"}
     # The killed `up`'s logs stay (not secret; a human may want them); nothing else does.
     assert standins.run_dirs() == [] and len(standins.log_dirs()) == 1
