@@ -23,12 +23,13 @@ the EAGLE draft and a sliding group, block 16), engine i holding the first i/8 o
 in both groups (the rest of its blocks are other prefixes), so every engine's lookup does
 real work. Prefill engines are scored with the prefill cap, decode engines with the
 `per-group` plan's local reuse; a decode decision then applies conditional disaggregation's
-rule on the chosen engine (`Routing.decide_path`: kvcache's hybrid lookup of a local request
-there, 7/8 of the prompt, so the request goes through P). Goal: >= 1,000 decisions/s.
+rule on the chosen engine (`Routing.decide_path`: the hit bound there leaves a suffix of at
+least 8,192 tokens, so the request goes through P). Goal: >= 1,000 decisions/s.
 
-Converting, hashing and the decode engines' holders pass run in kvcache's optional C
-accelerator when it is built (`relaykv.kvcache.accel`); `--no-accel` measures the
-pure-Python fallback a machine without a compiler gets.
+Converting, hashing and each role's holders pass (one pass over the prompt's keys in the map
+of which engines hold each key) run in kvcache's optional C accelerator when it is built
+(`relaykv.kvcache.accel`); `--no-accel` measures the pure-Python fallback a machine without a
+compiler gets.
 
     python benchmarks/bench_router.py [--engines 8] [--blocks 100000] [--tokens 65536]
                                       [--no-accel]
@@ -57,13 +58,12 @@ SHARED_TAIL = 1024  # tokens a `shared` prompt does not share with the previous 
 def build_indexes(
     role: str, engines: int, blocks: int, prompt: list[int], holders: KeyHolders
 ) -> list[EngineIndex]:
+    """`engines` indexes of `role` sharing the role's `holders` map."""
     geometry = preset("gpt-oss-like")
     rng = random.Random(0)
     indexes = []
     for i in range(engines):
-        index = EngineIndex(
-            geometry, role, "per-group", holders=holders if role == "decode" else None
-        )
+        index = EngineIndex(geometry, role, "per-group", holders=holders)
         keys = [index.request(prompt).keys(g) for g in range(len(geometry.groups))]
         per_group = blocks // len(geometry.groups)
         for g, gmap in enumerate(index.maps):
@@ -78,13 +78,13 @@ def build_indexes(
     return indexes
 
 
-def memory_per_block(blocks: int, decode: bool) -> float:
+def memory_per_block(blocks: int, holders: bool) -> float:
     geometry = preset("gpt-oss-like")
     rng = random.Random(1)
     keys = [bytearray(rng.randbytes(16)) for _ in range(blocks)]
     gc.collect()
     tracemalloc.start()
-    index = EngineIndex(geometry, "decode", holders=KeyHolders() if decode else None)
+    index = EngineIndex(geometry, "decode", holders=KeyHolders() if holders else None)
     for n, key in enumerate(keys):
         stored = bytes(key)  # keys arrive from the wire as new objects
         index.maps[n % 2][stored] = 1
@@ -100,7 +100,8 @@ def decisions_per_s(
 ) -> tuple[float, float, float, int]:
     """(decisions/s, ms per decision, hash-only ms: medians; cyclic GC runs meanwhile)"""
     routing = Routing("cache-aware")
-    indexes = build_indexes(role, args.engines, args.blocks, prompt, routing.holders)
+    holders = routing.holders if role == "decode" else routing.prefill_holders
+    indexes = build_indexes(role, args.engines, args.blocks, prompt, holders)
     urls = [f"http://engine{i}" for i in range(args.engines)]
     pool = BackendPool(role, urls)
     for backend, index in zip(pool.backends, indexes, strict=True):
@@ -176,9 +177,10 @@ def main() -> int:
                 f"{ms / base:>6.1f} {collections:>8}"
             )
     print(
-        f"index memory per indexed block: {memory_per_block(200_000, False):.0f} bytes "
-        f"(prefill engine), {memory_per_block(200_000, True):.0f} bytes (decode engine, with "
-        "the shared holders entry; a key other decode engines hold costs one dict slot)"
+        f"index memory per indexed block: {memory_per_block(200_000, True):.0f} bytes (a "
+        "prefill or decode engine: its map and its role's shared holders entry, which a key "
+        f"other engines of the role hold already costs nothing more); "
+        f"{memory_per_block(200_000, False):.0f} bytes without the holders (colocated engine)"
     )
     return 0
 

@@ -7,9 +7,11 @@ another user's. A `Sandbox` is a network, mount and PID namespace (`unshare --ne
 doc creates are the sandbox's own), on /dev/shm and, unless the checkout lives there, on
 /tmp. Every command runs in it through `nsenter`, optionally inside one of the `ip netns`
 namespaces the doc created (its "hosts"). When the sandbox closes, its servers are stopped
-(SIGTERM, then SIGKILL to each process group), then its PID namespace's init is killed, so
-the kernel kills whatever is left (a supervisor's members included); the namespaces, veth
-pairs and files vanish with their last process, also when a test fails half way.
+(`stop`: SIGTERM to each process group, then SIGKILL: at once when the sandbox has its own
+/tmp, else once the group has exited or after a timeout, so that a `relaykv up` removes its
+runtime directory from the host's /tmp), then its PID namespace's init is killed, so the
+kernel kills whatever is left (a supervisor's members included); the namespaces, veth pairs
+and files vanish with their last process, also when a test fails half way.
 
 Commands get the environment a user of the docs has after `source .venv/bin/activate`:
 the venv's bin first on PATH, and none of the test session's `RELAYKV_*` variables (the
@@ -56,6 +58,22 @@ def doc_env() -> dict[str, str]:
     return env
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether process group `pgid` has a process that has not exited (zombies do not count:
+    the sandbox's init, `sleep`, never reaps the orphans it inherits)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def missing_tools() -> list[str]:
     return [t for t in ("unshare", "nsenter", "ip", "curl") if shutil.which(t) is None]
 
@@ -82,6 +100,7 @@ class Sandbox:
         self.env = doc_env()
         self.servers: list[Server] = []
         self._holder: subprocess.Popen[str] | None = None
+        self._shares_tmp = False  # the host's /tmp (the checkout or venv lives there)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -90,9 +109,10 @@ class Sandbox:
             pytest.skip(f"the docs' commands need {', '.join(missing)} (apt-get install "
                         "util-linux iproute2 curl)")
         self.logs.mkdir(parents=True, exist_ok=True)
-        under_tmp = str(REPO).startswith("/tmp/") or sys.executable.startswith("/tmp/")
+        self._shares_tmp = str(REPO).startswith("/tmp/") or sys.executable.startswith("/tmp/")
         setup = _SETUP.format(
-            private_tmp="" if under_tmp else "mount -t tmpfs tmpfs /tmp\n", workdir=WORKDIR
+            private_tmp="" if self._shares_tmp else "mount -t tmpfs tmpfs /tmp\n",
+            workdir=WORKDIR,
         )
         self._holder = subprocess.Popen(
             ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
@@ -162,18 +182,21 @@ class Sandbox:
         return server
 
     def stop(self, server: Server, timeout: float = 30) -> int:
-        """SIGTERM to the server's process group, SIGKILL after `timeout`; its exit status."""
+        """SIGTERM to the server's process group, then SIGKILL; its exit status.
+
+        The group's leader is `nsenter`, which dies of the SIGTERM at once. With its own /tmp
+        the sandbox SIGKILLs the rest at once too (whatever they leave vanishes with the
+        sandbox); sharing the host's, the command (`relaykv up` draining its cluster, say)
+        gets up to `timeout` seconds to exit and clean up first."""
         if server.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.proc.pid, signal.SIGTERM)
-            try:
-                server.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server.proc.pid, signal.SIGKILL)
-                server.proc.wait()
-        with contextlib.suppress(ProcessLookupError):  # anything it left in its group
+        deadline = time.monotonic() + (timeout if self._shares_tmp else 0)
+        while _group_alive(server.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):  # anything still in its group
             os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
         if server in self.servers:
             self.servers.remove(server)
         return server.proc.returncode

@@ -17,7 +17,14 @@ import pytest
 import xxhash
 
 from relaykv.kvcache import CacheRequest, accel, rules_for
-from relaykv.kvcache.accel import int32_bytes, int32_bytes_py, values_u64, values_u64_py
+from relaykv.kvcache.accel import (
+    KeyMasksPy,
+    int32_bytes,
+    int32_bytes_py,
+    key_masks,
+    values_u64,
+    values_u64_py,
+)
 from relaykv.kvcache.hashing import (
     _H,
     SEED_HASH,
@@ -170,6 +177,50 @@ def test_values_u64_equal_the_pure_path() -> None:
         ACCEL.values_u64({b"k": "x"}, [b"k"])
     with pytest.raises(OverflowError):
         ACCEL.values_u64({b"k": -1}, [b"k"])
+
+
+@needs_accel
+def test_key_masks_table_equals_the_dict() -> None:
+    # The C table of key -> engine bitmasks (the router's holders map) against the dict it
+    # replaces, through random sets and clears: keys stay exactly the non-zero masks, through
+    # growth and backward-shift deletions; keys that are not 16-byte bytes live beside it.
+    assert ACCEL is not None and hasattr(ACCEL, "KeyMasks")
+    rng = random.Random(16)
+    for trial in range(12):
+        ref, table = KeyMasksPy(), key_masks()
+        assert type(table) is not KeyMasksPy
+        size = rng.choice([3, 40, 2500])
+        universe = [rng.randbytes(16) for _ in range(size)] + [b"odd", rng.randbytes(32), b""]
+        for step in range(250):
+            keys = rng.sample(universe, rng.randrange(0, min(len(universe), 300)))
+            bits = rng.choice([1, 2, 4, 3, 0, 1 << 63, 5 << 10, 2**64 - 1])
+            if rng.random() < 0.55:
+                ref.or_bits(keys, bits)
+                table.or_bits(tuple(keys) if step % 2 else iter(keys), bits)
+            else:
+                ref.clear_bits(keys, bits)
+                table.clear_bits(keys, bits)
+            assert len(table) == len(ref), (trial, step)
+            probe = [*rng.sample(universe, min(len(universe), 64)), rng.randbytes(16)]
+            got = table.values(probe)
+            assert got.dtype == np.uint64, (trial, step)
+            assert got.tolist() == ref.values(probe).tolist(), (trial, step)
+        assert sorted(table.items()) == sorted(ref.items())
+        table.clear_bits(universe, 2**64 - 1)
+        assert len(table) == 0 and table.values(universe).tolist() == [0] * len(universe)
+    with pytest.raises(ValueError, match="16 bytes"):
+        ACCEL.KeyMasks(b"short")
+    with pytest.raises(OverflowError):
+        key_masks().or_bits([b"k" * 16], -1)
+
+
+def test_key_masks_fall_back_to_the_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accel, "native", None)
+    table = key_masks()
+    assert type(table) is KeyMasksPy
+    table.or_bits([b"a" * 16, b"b"], 6)
+    table.clear_bits([b"a" * 16], 2)
+    assert table.values([b"a" * 16, b"b", b"c"]).tolist() == [4, 6, 0]
 
 
 def _hash_everything() -> list[list[bytes]]:

@@ -5,7 +5,6 @@ does conditional disaggregation's path, which a bound settles when it can)."""
 from __future__ import annotations
 
 import random
-from functools import partial
 
 import pytest
 
@@ -27,7 +26,11 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
         pool = BackendPool(role, [f"http://e{i}" for i in range(5)])
         indexes = []
         for b in pool.backends:
-            index = EngineIndex(geo, role, holders=routing.holders if role == "decode" else None)
+            holders = {"decode": routing.holders, "prefill": routing.prefill_holders}.get(role)
+            # some engines with a sibling reach (a prefill engine's second lookup) or blocks
+            # in a KV tier (the tiered lookup, which the holders do not cover)
+            reach = 32 * rng.randrange(3) if trial % 3 == 1 else 0
+            index = EngineIndex(geo, role, holders=holders, sibling_reach=reach)
             # Hold random parts of random prefixes, as evictions leave them.
             for _ in range(rng.randrange(0, 3)):
                 req = index.request(systems[rng.randrange(4)] + tokens(40, seed=trial))
@@ -38,8 +41,10 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
                     held = [k for i, k in enumerate(keys[:cut]) if i not in drop]
                     for key in held:
                         gmap[key] = 1
-                    if index.slot is not None:
-                        routing.holders.add(g, held, index.slot)
+                    if trial % 4 == 2:
+                        index.tier.maps[g].update(dict.fromkeys(keys[cut : cut + 3], 1))
+                    if index.holders is not None and index.slot is not None:
+                        index.holders.add(g, held, index.slot)
             t = routing.engines.tracker(b)
             t.index, t.subscriber = index, object()  # type: ignore[assignment]
             b.in_flight = rng.randrange(3)
@@ -50,11 +55,14 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
         prompt = Prompt(prompt_tokens)
         exact = [ix.usable_hit(prompt.request_for(ix)) for ix in indexes]
         for ix, hit in zip(indexes, exact, strict=True):
-            counts = partial(prompt.counts, routing.holders, ix)
-            assert ix.hit_bound(prompt.request_for(ix), counts) >= hit
-            # A decode engine's exact hit from the shared holders' bits is the one from
-            # its own map (kvcache's reuse rule on either's probes).
-            assert ix.usable_hit(prompt.request_for(ix), counts) == hit
+            req, counts = prompt.request_for(ix), prompt.counts_for(ix)
+            assert (counts is None) == (role == "colocated")
+            assert ix.hit_bound(req, counts) >= hit
+            # An exact hit from the role's shared holders bits is the one from the engine's
+            # own map (kvcache's rules on either's probes: a decode engine's reuse, the runs
+            # from block 0 of a prefill engine's lookup and of a local request's).
+            assert ix.usable_hit(req, counts) == hit
+            assert ix.local_hit(req, counts) == ix.local_hit(req)
         full = CacheAwarePolicy().choose(
             [
                 Candidate(h, len(prompt_tokens), b.in_flight, cached_blocks=ix.num_blocks)

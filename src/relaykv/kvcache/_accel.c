@@ -30,6 +30,18 @@
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
  *       where the key is absent: a router's pass over a prompt's keys in the map of which
  *       engines hold each key (relaykv.router.holders), without a Python call per key.
+ *
+ *   KeyMasks(seed)
+ *       A map of keys to non-zero uint64 bitmasks (a key whose mask becomes 0 is removed):
+ *       the router's map of which engines hold each key. A 16-byte bytes key (a block hash)
+ *       is stored inline in an open-addressing table (linear probing, at most half full,
+ *       backward-shift deletion), placed by a mix of its bytes with the 16-byte `seed` (a
+ *       random one per table: where a key lands cannot be chosen from outside); any other
+ *       key in a dict beside it. `values(keys)` probes a prompt's keys in batches whose slots
+ *       are prefetched together, so their cache misses overlap instead of following one
+ *       another as a dict's do (index, entry, key object). Methods: or_bits(keys, bits),
+ *       clear_bits(keys, bits), values(keys) -> native uint64 bytes (0: absent), items(),
+ *       len(). The reference is accel.KeyMasksPy (a dict).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -449,6 +461,385 @@ fail:
     return finish(seq, n, out, 0);
 }
 
+
+/* ---- KeyMasks -------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t k0, k1, mask; /* mask 0: an empty slot */
+} km_slot;
+
+typedef struct {
+    PyObject_HEAD
+    km_slot *slots;
+    size_t cap; /* a power of two (0 before the first key) */
+    size_t used;
+    uint64_t s0, s1;
+    PyObject *odd; /* keys that are not 16-byte bytes: key -> mask */
+} KeyMasks;
+
+#define KM_BATCH 16
+#if defined(__GNUC__) || defined(__clang__)
+#define KM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define KM_PREFETCH(p) ((void)(p))
+#endif
+
+static inline int
+km_key(PyObject *key, uint64_t *k0, uint64_t *k1)
+{
+    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) != 16) {
+        return 0;
+    }
+    const char *p = PyBytes_AS_STRING(key);
+    memcpy(k0, p, 8);
+    memcpy(k1, p + 8, 8);
+    return 1;
+}
+
+static inline size_t
+km_home(const KeyMasks *t, uint64_t k0, uint64_t k1)
+{
+    uint64_t h = (k0 ^ t->s0) + (k1 ^ t->s1) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 30;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 27;
+    h *= 0x94D049BB133111EBULL;
+    h ^= h >> 31;
+    return (size_t)h & (t->cap - 1);
+}
+
+/* The slot holding the key, or the empty slot ending its probe run (cap > 0). */
+static inline size_t
+km_find(const KeyMasks *t, size_t i, uint64_t k0, uint64_t k1)
+{
+    size_t m = t->cap - 1;
+    while (t->slots[i].mask != 0 && (t->slots[i].k0 != k0 || t->slots[i].k1 != k1)) {
+        i = (i + 1) & m;
+    }
+    return i;
+}
+
+static int
+km_resize(KeyMasks *t, size_t cap)
+{
+    km_slot *slots = PyMem_Calloc(cap, sizeof(km_slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    km_slot *old = t->slots;
+    size_t old_cap = t->cap;
+    t->slots = slots;
+    t->cap = cap;
+    for (size_t j = 0; j < old_cap; j++) {
+        if (old[j].mask != 0) {
+            size_t i = km_find(t, km_home(t, old[j].k0, old[j].k1), old[j].k0, old[j].k1);
+            t->slots[i] = old[j];
+        }
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* Empty slot i, moving later slots of its run back (linear probing stays exact). */
+static void
+km_delete(KeyMasks *t, size_t i)
+{
+    size_t m = t->cap - 1, j = i;
+    for (;;) {
+        j = (j + 1) & m;
+        if (t->slots[j].mask == 0) {
+            break;
+        }
+        size_t k = km_home(t, t->slots[j].k0, t->slots[j].k1);
+        /* slot j stays where it is when its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (!stays) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i].mask = 0;
+    t->used--;
+}
+
+static PyObject *
+km_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_buffer seed;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "KeyMasks(seed) takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*:KeyMasks", &seed)) {
+        return NULL;
+    }
+    if (seed.len != 16) {
+        PyBuffer_Release(&seed);
+        PyErr_SetString(PyExc_ValueError, "KeyMasks: seed must be 16 bytes");
+        return NULL;
+    }
+    KeyMasks *t = (KeyMasks *)type->tp_alloc(type, 0);
+    if (t == NULL) {
+        PyBuffer_Release(&seed);
+        return NULL;
+    }
+    memcpy(&t->s0, seed.buf, 8);
+    memcpy(&t->s1, (const char *)seed.buf + 8, 8);
+    PyBuffer_Release(&seed);
+    t->odd = PyDict_New();
+    if (t->odd == NULL) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return (PyObject *)t;
+}
+
+static void
+km_dealloc(KeyMasks *t)
+{
+    PyMem_Free(t->slots);
+    Py_XDECREF(t->odd);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t
+km_len(KeyMasks *t)
+{
+    return (Py_ssize_t)t->used + PyDict_GET_SIZE(t->odd);
+}
+
+static int
+km_bits_arg(PyObject *obj, uint64_t *bits)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *bits = (uint64_t)v;
+    return 0;
+}
+
+/* mask |= bits (set) or mask &= ~bits (clear, removing a key left with none) in the dict of
+ * odd keys. */
+static int
+km_odd_update(KeyMasks *t, PyObject *key, uint64_t bits, int set)
+{
+    PyObject *value = PyDict_GetItemWithError(t->odd, key); /* borrowed */
+    if (value == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    uint64_t mask = 0;
+    if (value != NULL && km_bits_arg(value, &mask) < 0) {
+        return -1;
+    }
+    mask = set ? mask | bits : mask & ~bits;
+    if (mask == 0) {
+        return value == NULL ? 0 : PyDict_DelItem(t->odd, key);
+    }
+    PyObject *m = PyLong_FromUnsignedLongLong(mask);
+    if (m == NULL) {
+        return -1;
+    }
+    int rc = PyDict_SetItem(t->odd, key, m);
+    Py_DECREF(m);
+    return rc;
+}
+
+static PyObject *
+km_update(KeyMasks *t, PyObject *const *args, Py_ssize_t nargs, int set)
+{
+    uint64_t bits;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "takes (keys, bits)");
+        return NULL;
+    }
+    if (km_bits_arg(args[1], &bits) < 0) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys must be a list or tuple");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; bits != 0 && i < n; i++) {
+        PyObject *key = item_at(seq, i);
+        uint64_t k0, k1;
+        if (key == NULL) {
+            goto fail;
+        }
+        if (!km_key(key, &k0, &k1)) {
+            Py_INCREF(key);
+            int rc = km_odd_update(t, key, bits, set);
+            Py_DECREF(key);
+            if (rc < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        if (set) {
+            if (2 * (t->used + 1) > t->cap && km_resize(t, t->cap ? 2 * t->cap : 64) < 0) {
+                goto fail;
+            }
+            size_t j = km_find(t, km_home(t, k0, k1), k0, k1);
+            if (t->slots[j].mask == 0) {
+                t->slots[j].k0 = k0;
+                t->slots[j].k1 = k1;
+                t->used++;
+            }
+            t->slots[j].mask |= bits;
+        }
+        else if (t->cap) {
+            size_t j = km_find(t, km_home(t, k0, k1), k0, k1);
+            if (t->slots[j].mask != 0) {
+                t->slots[j].mask &= ~bits;
+                if (t->slots[j].mask == 0) {
+                    km_delete(t, j);
+                }
+            }
+        }
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *
+km_or_bits(KeyMasks *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    return km_update(t, args, nargs, 1);
+}
+
+static PyObject *
+km_clear_bits(KeyMasks *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    return km_update(t, args, nargs, 0);
+}
+
+static PyObject *
+km_values(KeyMasks *t, PyObject *keys)
+{
+    PyObject *out;
+    PyObject *seq = sequence_and_output(keys, "keys must be a list or tuple", 8, &out);
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char *p = PyBytes_AS_STRING(out);
+    size_t home[KM_BATCH];
+    uint64_t key0[KM_BATCH], key1[KM_BATCH];
+    int inline_key[KM_BATCH];
+    for (Py_ssize_t start = 0; start < n; start += KM_BATCH) {
+        Py_ssize_t count = n - start < KM_BATCH ? n - start : KM_BATCH;
+        /* first every slot of the batch is asked for, then each is read */
+        for (Py_ssize_t b = 0; b < count; b++) {
+            PyObject *key = item_at(seq, start + b);
+            if (key == NULL) {
+                goto fail;
+            }
+            inline_key[b] = km_key(key, &key0[b], &key1[b]);
+            if (inline_key[b] && t->cap) {
+                home[b] = km_home(t, key0[b], key1[b]);
+                KM_PREFETCH(&t->slots[home[b]]);
+            }
+        }
+        for (Py_ssize_t b = 0; b < count; b++) {
+            uint64_t v = 0;
+            if (inline_key[b]) {
+                if (t->cap) {
+                    v = t->slots[km_find(t, home[b], key0[b], key1[b])].mask;
+                }
+            }
+            else if (PyDict_GET_SIZE(t->odd)) {
+                PyObject *key = item_at(seq, start + b);
+                if (key == NULL) {
+                    goto fail;
+                }
+                Py_INCREF(key);
+                PyObject *value = PyDict_GetItemWithError(t->odd, key); /* borrowed */
+                Py_DECREF(key);
+                if (value == NULL && PyErr_Occurred()) {
+                    goto fail;
+                }
+                if (value != NULL && km_bits_arg(value, &v) < 0) {
+                    goto fail;
+                }
+            }
+            memcpy(p + 8 * (start + b), &v, 8);
+        }
+    }
+    return finish(seq, n, out, 1);
+fail:
+    return finish(seq, n, out, 0);
+}
+
+static PyObject *
+km_items(KeyMasks *t, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (size_t j = 0; j < t->cap; j++) {
+        if (t->slots[j].mask == 0) {
+            continue;
+        }
+        char raw[16];
+        memcpy(raw, &t->slots[j].k0, 8);
+        memcpy(raw + 8, &t->slots[j].k1, 8);
+        PyObject *item = Py_BuildValue("(y#K)", raw, (Py_ssize_t)16,
+                                       (unsigned long long)t->slots[j].mask);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    PyObject *odd = PyDict_Items(t->odd);
+    if (odd == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_ssize_t start = PyList_GET_SIZE(out);
+    int rc = PyList_SetSlice(out, start, start, odd);
+    Py_DECREF(odd);
+    if (rc < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyMethodDef km_methods[] = {
+    {"or_bits", (PyCFunction)(void (*)(void))km_or_bits, METH_FASTCALL,
+     "or_bits(keys, bits): each key's mask |= bits"},
+    {"clear_bits", (PyCFunction)(void (*)(void))km_clear_bits, METH_FASTCALL,
+     "clear_bits(keys, bits): each key's mask &= ~bits; a key left with 0 is removed"},
+    {"values", (PyCFunction)km_values, METH_O,
+     "values(keys) -> native uint64 bytes of each key's mask (0: absent)"},
+    {"items", (PyCFunction)km_items, METH_NOARGS, "items() -> list of (key, mask)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods km_as_sequence = {
+    .sq_length = (lenfunc)km_len,
+};
+
+static PyTypeObject KeyMasksType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "relaykv.kvcache._accel.KeyMasks",
+    .tp_basicsize = sizeof(KeyMasks),
+    .tp_dealloc = (destructor)km_dealloc,
+    .tp_as_sequence = &km_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "KeyMasks(seed): keys -> non-zero uint64 bitmasks (see the module docstring)",
+    .tp_methods = km_methods,
+    .tp_new = km_new,
+};
+
 static PyMethodDef methods[] = {
     {"int32_bytes", (PyCFunction)(void (*)(void))int32_bytes, METH_FASTCALL,
      "int32_bytes(tokens, strict=False) -> little-endian int32 bytes of token ids"},
@@ -469,5 +860,18 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__accel(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&KeyMasksType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&KeyMasksType);
+    if (PyModule_AddObject(m, "KeyMasks", (PyObject *)&KeyMasksType) < 0) {
+        Py_DECREF(&KeyMasksType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
@@ -91,3 +92,80 @@ def values_u64(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarra
 def values_u64_py(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
     """`values_u64` in Python (one C-driven pass of `mapping.get`)."""
     return np.fromiter(map(mapping.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
+
+
+class KeyMasksPy:
+    """`KeyMasks` in Python: a dict of key -> non-zero uint64 bitmask (the reference the C
+    table is tested against, and the fallback without the accelerator)."""
+
+    __slots__ = ("_masks",)
+
+    def __init__(self, seed: bytes = b"") -> None:
+        self._masks: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._masks)
+
+    def or_bits(self, keys: Iterable[bytes], bits: int) -> None:
+        """Each key's mask |= `bits`."""
+        masks, get = self._masks, self._masks.get
+        if bits:
+            for key in keys:
+                masks[key] = get(key, 0) | bits
+
+    def clear_bits(self, keys: Iterable[bytes], bits: int) -> None:
+        """Each key's mask &= ~`bits`; a key left with none is removed."""
+        masks, keep = self._masks, ~bits
+        for key in keys:
+            mask = masks.get(key)
+            if mask is not None:
+                mask &= keep
+                if mask:
+                    masks[key] = mask
+                else:
+                    del masks[key]
+
+    def values(self, keys: Sequence[bytes]) -> np.ndarray:
+        """Per key, its mask as a uint64 array (0: absent)."""
+        return values_u64(self._masks, keys)
+
+    def items(self) -> list[tuple[bytes, int]]:
+        return list(self._masks.items())
+
+
+class _NativeKeyMasks:
+    """The C `KeyMasks` behind `KeyMasksPy`'s interface (values as a numpy array)."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, seed: bytes) -> None:
+        assert native is not None
+        self._table = native.KeyMasks(seed)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def or_bits(self, keys: Iterable[bytes], bits: int) -> None:
+        self._table.or_bits(keys if isinstance(keys, list | tuple) else list(keys), bits)
+
+    def clear_bits(self, keys: Iterable[bytes], bits: int) -> None:
+        self._table.clear_bits(keys if isinstance(keys, list | tuple) else list(keys), bits)
+
+    def values(self, keys: Sequence[bytes]) -> np.ndarray:
+        seq = keys if isinstance(keys, list | tuple) else list(keys)
+        return np.frombuffer(self._table.values(seq), dtype=np.uint64)
+
+    def items(self) -> list[tuple[bytes, int]]:
+        items: list[tuple[bytes, int]] = self._table.items()
+        return items
+
+
+KeyMasks = KeyMasksPy | _NativeKeyMasks
+
+
+def key_masks() -> KeyMasks:
+    """A map of keys to engine bitmasks (`relaykv.router.holders`): the C table where the
+    accelerator is built (a random seed per table), else the dict."""
+    if native is not None and hasattr(native, "KeyMasks"):
+        return _NativeKeyMasks(os.urandom(16))
+    return KeyMasksPy()

@@ -12,7 +12,7 @@ this on random inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -86,19 +86,34 @@ def hit_junction(
     return junction if junction > candidate else 0
 
 
+# `matched(rule, limit)`: what `rule.matched_blocks(keys, pool's map, limit)` returns for a
+# prefix-closed group, known to the caller without probing the map (a router reads it from
+# its map of which engines hold each key, relaykv.router.holders).
+MatchedRun = Callable[[GroupRules, int], int]
+
+
 def longest_hit_tokens(
-    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None = None
+    req: CacheRequest,
+    rules: tuple[GroupRules, ...],
+    pool: CachedKeys,
+    cap: int | None = None,
+    matched: MatchedRun | None = None,
 ) -> int:
     """`find_longest_hit(...).tokens` without building the block tables: what a router
     scoring an engine's index needs (one probe per block fewer)."""
-    return resume_point(req, rules, pool, cap)[0]
+    return resume_point(req, rules, pool, cap, matched)[0]
 
 
 def resume_point(
-    req: CacheRequest, rules: tuple[GroupRules, ...], pool: CachedKeys, cap: int | None
+    req: CacheRequest,
+    rules: tuple[GroupRules, ...],
+    pool: CachedKeys,
+    cap: int | None,
+    matched: MatchedRun | None = None,
 ) -> tuple[int, int | None, int]:
     """(the exact resume point, tokens the full groups proved shared, the aligned cap); the
-    tier's lookup (`tier/lookup.py`) runs it over pool + tier."""
+    tier's lookup (`tier/lookup.py`) runs it over pool + tier. `matched`: the full groups'
+    runs from block 0, when the caller knows them (`MatchedRun`)."""
     n = req.num_tokens
     cap = n - 1 if cap is None else min(cap, n - 1)
     alignment = rules[0].alignment
@@ -110,12 +125,14 @@ def resume_point(
     proven_shared = None  # tokens the full groups proved shared with some cached prefix
     for rule in rules:
         if rule.prefix_closed:
-            matched = rule.matched_blocks(
-                keys[rule.index], maps[rule.index], cap // rule.block_size + rule.peek
-            )
-            shared = matched * rule.block_size
+            limit = cap // rule.block_size + rule.peek
+            if matched is None:
+                run = rule.matched_blocks(keys[rule.index], maps[rule.index], limit)
+            else:
+                run = matched(rule, limit)
+            shared = run * rule.block_size
             proven_shared = shared if proven_shared is None else min(proven_shared, shared)
-            candidate = min(candidate, rule.hit_from_matched(matched, cap))
+            candidate = min(candidate, rule.hit_from_matched(run, cap))
     dropping = [rule for rule in rules if not rule.prefix_closed]
     while candidate > 0:
         shrunk = candidate

@@ -1,10 +1,13 @@
 """`relaykv up`: a local P/D cluster (prefill, decode, router) on this machine, supervised.
 
-It makes a private runtime directory (mode 0700, removed at exit) for the cluster's KV
-transfer secret, which it generates there unless given `--kv-secret-file`, and for the
-engines' KV event sockets (`ipc://`, cluster.py); hands the secret and the API key to every
-member through the environment, never argv (docs/security.md, "Listeners"); restarts
-dead members (supervisor.py); and on SIGTERM drains in order (cluster.py). With
+It makes a private runtime directory (run_dir.py: mode 0700, removed at every exit `up`
+survives, reaped by the next `up` after a SIGKILL) for the cluster's KV transfer secret,
+which it generates there unless given `--kv-secret-file`, and for the engines' KV event
+sockets (`ipc://`, cluster.py); hands the secret and the API key to every member through the
+environment, never argv (docs/security.md, "Listeners"); restarts dead members
+(supervisor.py); and on SIGTERM, SIGINT or SIGHUP, also during startup, drains in order
+(cluster.py). The members' logs go to `--log-dir`, or to a temp directory that is removed
+when every member exited 0 and kept (and named) otherwise. With
 `--kv-offloading-backend mooncake` it also starts a Mooncake Store master (a supervised
 member, loopback) and points every engine at it (docs/tier.md, "Mooncake Store").
 
@@ -24,12 +27,14 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from relaykv.common.plumbing.secret_files import API_KEY_ENV, PrivateFileError, resolve_api_key
 from relaykv.launch.cluster import Cluster, ClusterError
+from relaykv.launch.run_dir import RunDir, reap_stale
 from relaykv.launch.supervisor import RestartPolicy, Supervisor
 from relaykv.router.cli import add_disaggregation_arguments, conditional_rule
 from relaykv.router.policy import default_sibling_reach
@@ -86,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-timeout", type=float, default=120.0,
                         help="the router's deadline for one prefill call before it tries "
                         "another prefill engine (default 120)")
-    parser.add_argument("--log-dir", default=None, help="member logs (default: a temp dir)")
+    parser.add_argument("--log-dir", default=None,
+                        help="member logs (default: a temp dir, removed when every member "
+                        "exited 0, kept and named otherwise)")
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
     parser.add_argument("--json", action="store_true",
                         help='print one line {"router": URL, "prefill": [URL], "decode": [URL]}')
@@ -115,15 +122,33 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             load_kv_secret(args.kv_secret_file)
         except ValueError as exc:
             parser.error(f"argument --kv-secret-file: {exc}")
-    run_dir = Path(tempfile.mkdtemp(prefix="relaykv-up-"))  # mode 0700
+    with _stop_on_signals() as stop:  # from here on a signal is a stop, never a death
+        reap_stale()  # what an `up` killed with SIGKILL left
+        run_dir = RunDir.create()
+        try:
+            secret_file = args.kv_secret_file or str(new_kv_secret(run_dir.path / "kv-secret"))
+            env = {KV_SECRET_ENV: str(Path(secret_file).resolve())}
+            if api_key:
+                env[API_KEY_ENV] = api_key  # members read it from the environment, not argv
+            return _run_cluster(args, engine_extra, env, policy, run_dir.path, stop)
+        finally:
+            run_dir.remove()
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT, SIGTERM and SIGHUP (unless ignored, as under nohup) while in
+    the block; the previous handlers afterwards."""
+    stop = threading.Event()
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
     try:
-        secret_file = args.kv_secret_file or str(new_kv_secret(run_dir / "kv-secret"))
-        env = {KV_SECRET_ENV: str(Path(secret_file).resolve())}
-        if api_key:
-            env[API_KEY_ENV] = api_key  # members read it from the environment, not argv
-        return _run_cluster(args, engine_extra, env, policy, run_dir)
+        yield stop
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run_cluster(
@@ -132,6 +157,7 @@ def _run_cluster(
     env: dict[str, str],
     policy: RestartPolicy,
     run_dir: Path,
+    stop: threading.Event,
 ) -> int:
     common = ["--model", args.model, "--pd-policy", args.pd_policy,
               "--kv-transport", args.kv_transport, *engine_extra]
@@ -172,6 +198,8 @@ def _run_cluster(
         cluster.plan()
     except ClusterError as exc:
         print(f"[relaykv up] {exc}", file=sys.stderr, flush=True)
+        if args.log_dir is None and cluster.log_dir is not None:
+            shutil.rmtree(cluster.log_dir, ignore_errors=True)  # empty: nothing was started
         return 1
 
     def say(message: str) -> None:
@@ -181,15 +209,40 @@ def _run_cluster(
         f"--pd-policy {args.pd_policy}, --kv-transport {args.kv_transport}) and a router"
         f"{', after a Mooncake Store master' if store is not None else ''}; "
         f"logs in {cluster.log_dir}")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     clean_stale_shared_memory()
+    codes: dict[str, int] | None = None
     try:
-        cluster.start(timeout=args.startup_timeout, progress=say)
+        codes = _serve(cluster, args, policy, say, stop)
+    finally:
+        cluster.stop(router_timeout=args.drain_timeout + 15)  # whatever still runs (an error)
+        clean_stale_shared_memory()
+        if args.log_dir is None:
+            assert cluster.log_dir is not None
+            if codes is not None and all(code == 0 for code in codes.values()):
+                shutil.rmtree(cluster.log_dir, ignore_errors=True)
+            else:
+                say(f"logs kept in {cluster.log_dir}")
+    if codes is None:
+        return 1
+    bad = {name: code for name, code in codes.items() if code != 0}
+    say("every member exited 0" if not bad else f"members exited non-zero: {bad}")
+    return 0
+
+
+def _serve(
+    cluster: Cluster,
+    args: argparse.Namespace,
+    policy: RestartPolicy,
+    say: Callable[[str], None],
+    stop: threading.Event,
+) -> dict[str, int] | None:
+    """Start the cluster, supervise it until `stop`, then drain it in order: each member's
+    exit status; None when it failed to start (stopped then) or crash-looped."""
+    try:
+        cluster.start(timeout=args.startup_timeout, progress=say, cancelled=stop.is_set)
     except ClusterError as exc:
         say(str(exc))
-        return 1
+        return None
     info = cluster.describe()
     if args.json:
         print(json.dumps(info), flush=True)
@@ -201,12 +254,6 @@ def _run_cluster(
         reason = supervisor.poll()
         if reason is not None:
             say(f"{reason}\nstopping the cluster")
-            cluster.stop(router_timeout=args.drain_timeout + 15)
-            clean_stale_shared_memory()
-            return 1
+            return None
     say("stopping: router first (in-flight requests finish), then prefill, then decode")
-    codes = cluster.stop(router_timeout=args.drain_timeout + 15)
-    clean_stale_shared_memory()
-    bad = {name: code for name, code in codes.items() if code != 0}
-    say("every member exited 0" if not bad else f"members exited non-zero: {bad}")
-    return 0
+    return cluster.stop(router_timeout=args.drain_timeout + 15)

@@ -16,7 +16,8 @@ engines have closed their store clients (docs/tier.md, "Mooncake Store").
 
 With KV events on (cache-aware routing), each engine publishes them and serves their replay
 on `ipc://` sockets in the cluster's runtime directory (`run_dir`, mode 0700: the kernel
-lets no other uid reach them; docs/security.md, "Listeners"), never on a TCP port.
+lets no other uid reach them; docs/security.md, "Listeners"), never on a TCP port. `relaykv
+up` brings its own (run_dir.py); a cluster given none makes one and removes it in `stop`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from relaykv.common.plumbing.child_process import ChildProcess, free_port
+from relaykv.launch.run_dir import RunDir
 
 _MAX_IPC_PATH = 100  # sun_path holds 107 bytes and a NUL
 STORE = "kvstore"  # the member name of a shared KV tier's master
@@ -82,7 +83,7 @@ class Cluster:
     run_dir: Path | None = None  # private (0700) directory of the event sockets
     store: tuple[list[str], str] | None = None  # a KV store master: its argv, its health URL
     members: list[Member] = field(default_factory=list)
-    _own_run_dir: bool = False
+    _own_run_dir: RunDir | None = None
 
     @property
     def router(self) -> Member:
@@ -99,8 +100,15 @@ class Cluster:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         if self.kv_events and self.run_dir is None:
-            self.run_dir = Path(tempfile.mkdtemp(prefix="relaykv-run-"))  # mode 0700
-            self._own_run_dir = True
+            self._own_run_dir = RunDir.create()
+            self.run_dir = self._own_run_dir.path
+        try:
+            self._plan_members(log_dir)
+        except BaseException:
+            self._remove_own_run_dir()
+            raise
+
+    def _plan_members(self, log_dir: Path) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
         if self.store is not None:
             argv, url = self.store
@@ -142,16 +150,27 @@ class Cluster:
         return ["--kv-events-config", json.dumps(config)]
 
     def start(
-        self, timeout: float = 900.0, progress: Callable[[str], None] | None = None
+        self,
+        timeout: float = 900.0,
+        progress: Callable[[str], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> None:
+        """Launch every member and wait until each answers `/health`. ClusterError (after
+        stopping what runs) if one exits, the timeout passes or `cancelled()` turns true."""
         if not self.members:
             self.plan()
         deadline = time.monotonic() + timeout
         first = [m for m in self.members if m.role == STORE]  # engines connect to it
         for group in (first, [m for m in self.members if m not in first]):
+            self._check_cancelled(cancelled)
             for member in group:
                 self.launch(member)
-            self._await(group, deadline, timeout, progress)
+            self._await(group, deadline, timeout, progress, cancelled)
+
+    def _check_cancelled(self, cancelled: Callable[[], bool] | None) -> None:
+        if cancelled is not None and cancelled():
+            self.stop()
+            raise ClusterError("asked to stop before every member was ready")
 
     def _await(
         self,
@@ -159,11 +178,13 @@ class Cluster:
         deadline: float,
         timeout: float,
         progress: Callable[[str], None] | None,
+        cancelled: Callable[[], bool] | None,
     ) -> None:
         """Wait until every member of `pending` answers `/health` (stop all if one dies)."""
         pending = list(pending)
         with httpx.Client(timeout=2.0) as client:
             while pending:
+                self._check_cancelled(cancelled)
                 for member in list(pending):
                     assert member.process is not None
                     code = member.process.poll()
@@ -211,9 +232,12 @@ class Cluster:
                     code = member.child.finish(max(0.1, deadline - time.monotonic()))
                     assert code is not None
                     codes[member.name] = code
-        if self._own_run_dir and self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._remove_own_run_dir()
         return codes
+
+    def _remove_own_run_dir(self) -> None:
+        if self._own_run_dir is not None:
+            self._own_run_dir.remove()
 
     def describe(self) -> dict[str, object]:
         return {

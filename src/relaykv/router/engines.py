@@ -68,8 +68,11 @@ class Engines:
         follow_events: bool,
         api_key: str | None = None,
         kv_secret: bytes | None = None,
+        prefill_holders: KeyHolders | None = None,
     ) -> None:
-        self.holders = holders  # decode engines' keys, to bound their hits together
+        # Which engines of a role hold each key (router/holders.py): decode, prefill.
+        prefill = prefill_holders if prefill_holders is not None else KeyHolders()
+        self.holders = {"decode": holders, "prefill": prefill}
         self.follow_events = follow_events
         self.api_key = api_key
         # subscriber keys for a CURVE event stream (an engine publishing off its host)
@@ -129,7 +132,7 @@ class Engines:
             geometry,
             role,
             policy,
-            holders=self.holders if role == "decode" else None,
+            holders=self.holders.get(role),
             sibling_reach=reach,
         )
         events = info.get("kv_events")

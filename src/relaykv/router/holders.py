@@ -1,11 +1,14 @@
-"""Which decode engines hold a key: one bitmask map per group, shared by a router's indexes.
+"""Which engines of a role hold a key: one bitmask map per group, shared by a router's indexes.
 
 A decode engine under the `per-group` P/D policy reuses every prompt block it holds, not only
-a prefix, so bounding its hit means counting the prompt's blocks it holds. Counting engine by
-engine costs one probe per block per engine; `KeyHolders.maps[g][key]` (a bitmask of engine
-slots) lets one pass over the prompt's keys count for every engine at once
-(`PromptCounts`). Each `EngineIndex` registered here keeps its bits up to date as its events
-arrive (docs/routing.md "Cost").
+a prefix, so bounding its hit means counting the prompt's blocks it holds; a prefill engine's
+lookup needs the run of held full-group blocks from block 0. Probing engine by engine costs
+one probe per block per engine; `KeyHolders.group(g)` (key -> a bitmask of engine slots) lets
+one pass over the prompt's keys count and measure the runs for every engine of the role at
+once (`PromptCounts`). Each `EngineIndex` registered here keeps its bits up to date as its events
+arrive. The map is kvcache's `KeyMasks`: where the accelerator is built, a C table holding the
+16-byte keys inline whose pass over a prompt's keys overlaps their cache misses, else a dict
+(docs/routing.md "Cost").
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from relaykv.kvcache.accel import values_u64
+from relaykv.kvcache.accel import KeyMasks, key_masks
 
 MAX_SLOTS = 64  # bitmasks stay numpy uint64; later engines are counted one by one
 
 
 class KeyHolders:
     def __init__(self) -> None:
-        self.maps: list[dict[bytes, int]] = []
+        self.maps: list[KeyMasks] = []
         self._free = list(range(MAX_SLOTS - 1, -1, -1))
 
     def slot(self) -> int | None:
@@ -30,39 +33,40 @@ class KeyHolders:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
-    def group(self, group: int) -> dict[bytes, int]:
+    def group(self, group: int) -> KeyMasks:
         while len(self.maps) <= group:
-            self.maps.append({})
+            self.maps.append(key_masks())
         return self.maps[group]
 
     def add(self, group: int, keys: Iterable[bytes], slot: int) -> None:
-        gmap = self.group(group)
-        bit = 1 << slot
-        get = gmap.get
-        for key in keys:
-            gmap[key] = get(key, 0) | bit
+        self.group(group).or_bits(keys, 1 << slot)
 
     def discard(self, group: int, keys: Iterable[bytes], slot: int) -> None:
-        gmap = self.group(group)
-        keep = ~(1 << slot)
-        for key in keys:
-            mask = gmap.get(key)
-            if mask is not None:
-                mask &= keep
-                if mask:
-                    gmap[key] = mask
-                else:
-                    del gmap[key]
+        self.group(group).clear_bits(keys, 1 << slot)
 
 
 class PromptCounts:
-    """How many of one prompt's keys in one group each slot holds (one pass, in C where
-    kvcache's accelerator is built, then numpy)."""
+    """How many of one prompt's keys in one group each slot holds (one pass over the
+    holders map, then numpy)."""
 
-    __slots__ = ("_array",)
+    __slots__ = ("_array", "_held_from_0", "_runs")
 
     def __init__(self, holders: KeyHolders, group: int, keys: Sequence[bytes]) -> None:
-        self._array = values_u64(holders.group(group), keys)
+        self._array = holders.group(group).values(keys)
+        self._held_from_0: np.ndarray | None = None
+        self._runs: dict[int, int] = {}
+
+    def run(self, slot: int, limit: int) -> int:
+        """The run of keys from key 0 that `slot` holds, within the first `limit`: kvcache's
+        `matched_blocks` on that engine's map, without probing it."""
+        run = self._runs.get(slot)
+        if run is None:
+            if self._held_from_0 is None:  # per key, the slots holding every key up to it
+                self._held_from_0 = np.bitwise_and.accumulate(self._array)
+            # a slot's bit only clears along the keys: it is set exactly on its run
+            held = self._held_from_0 & np.uint64(1 << slot)
+            run = self._runs[slot] = int(np.count_nonzero(held))
+        return min(run, max(0, limit))
 
     def held(self, slot: int) -> int:
         return int(np.count_nonzero(self._array & np.uint64(1 << slot)))

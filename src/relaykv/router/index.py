@@ -56,7 +56,7 @@ from relaykv.kvcache.decode_loads import (
 )
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.hashing import PrefixChains
-from relaykv.kvcache.lookup import longest_hit_tokens
+from relaykv.kvcache.lookup import MatchedRun, longest_hit_tokens
 from relaykv.kvcache.manager import prefill_hit_cap
 from relaykv.kvcache.pd_plan import reach_blocks
 from relaykv.kvcache.tier import TieredKeys
@@ -93,7 +93,7 @@ class EngineIndex:
     gaps: int = 0
     resets: int = 0
     events_dropped: int = 0  # malformed batches or events for unknown groups
-    holders: KeyHolders | None = None  # the router's shared decode-engine key map, if any
+    holders: KeyHolders | None = None  # the router's key map shared by its role's engines
     slot: int | None = None  # this engine's bit in `holders`
     sibling_reach: int = 0  # the P/D plan's sibling reach (its /v1/kv_cache_info)
 
@@ -103,6 +103,7 @@ class EngineIndex:
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
+        self._caps: dict[tuple[int, int, int], int] = {}  # `_prefill_cap`'s recent answers
         if self.holders is not None and self.slot is None:
             self.slot = self.holders.slot()
 
@@ -191,17 +192,19 @@ class EngineIndex:
         give this engine's probes of those groups without probing its maps again."""
         if not req.num_tokens:
             return 0
+        matched = self._matched(counts)
         if self.role == "decode":
             n = req.num_prompt_tokens
             plan = self._plan(n)
             if plan.common_resume:
-                return longest_hit_tokens(req, self.rules, self)
+                return longest_hit_tokens(req, self.rules, self, matched=matched)
             local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
             return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
             if self.sibling_reach:  # the reach's blocks, when held, are attached (kvcache)
-                hit = longest_hit_tokens(req, self.rules, self, self._prefill_cap(req, False))
+                reach_cap = self._prefill_cap(req, False)
+                hit = longest_hit_tokens(req, self.rules, self, reach_cap, matched)
                 plan = self._plan(req.num_prompt_tokens)
                 if all(
                     req.keys(rule.index)[k] in self.maps[rule.index]
@@ -210,7 +213,7 @@ class EngineIndex:
                 ):
                     return hit
             cap = self._prefill_cap(req)
-        device = longest_hit_tokens(req, self.rules, self, cap)
+        device = longest_hit_tokens(req, self.rules, self, cap, matched)
         if not self.tier.num_blocks:
             return device
         tiered = longest_hit_tokens(req, self.rules, TieredKeys(self, self.tier), cap)
@@ -221,18 +224,37 @@ class EngineIndex:
 
     def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
         """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
-        (the engine attaches them when cached), an upper bound of what it may take."""
-        return prefill_hit_cap(
-            self.geometry, self.rules, self.pd_policy, req, self.sibling_reach if reach else 0
-        )
+        (the engine attaches them when cached), an upper bound of what it may take. It
+        depends on the request only through its lengths: the last few are kept (a decision
+        asks for a request's cap up to three times)."""
+        reach_tokens = self.sibling_reach if reach else 0
+        key = (req.num_prompt_tokens, req.num_tokens, reach_tokens)
+        cap = self._caps.get(key)
+        if cap is None:
+            if len(self._caps) >= 4:
+                self._caps.clear()
+            cap = self._caps[key] = prefill_hit_cap(
+                self.geometry, self.rules, self.pd_policy, req, reach_tokens
+            )
+        return cap
 
-    def local_hit(self, req: CacheRequest) -> int:
+    def local_hit(
+        self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
+    ) -> int:
         """Prompt tokens this engine would reuse computing `req` itself, as a colocated
         engine does (kvcache's hybrid lookup, every group at one resume point): on a decode
         engine, the hit of a local request (conditional disaggregation, docs/routing.md)."""
         if not req.num_tokens:
             return 0
-        return longest_hit_tokens(req, self.rules, self)
+        return longest_hit_tokens(req, self.rules, self, matched=self._matched(counts))
+
+    def _matched(self, counts: Callable[[int], PromptCounts] | None) -> MatchedRun | None:
+        """kvcache's full-group runs from block 0 on this engine's device maps, read from the
+        prompt's holders counts (one pass shared by the role's engines) when at hand."""
+        slot = self.slot
+        if counts is None or slot is None:
+            return None
+        return lambda rule, limit: counts(rule.index).run(slot, limit)
 
     def _local(
         self,
@@ -285,17 +307,23 @@ class EngineIndex:
         if self.role == "prefill":
             cap = min(cap, self._prefill_cap(req, reach=False))
         bound = cap
-        keyed = TieredKeys(self, self.tier) if self.tier.num_blocks else self
+        tiered = self.tier.num_blocks > 0
+        keyed = TieredKeys(self, self.tier) if tiered else self
+        matched = None if tiered else self._matched(counts)
         for rule in full:
             keys, gmap = req.keys(rule.index), keyed.maps[rule.index]
             limit = min(cap // rule.block_size + rule.peek, len(keys))
-            # The exact run of held blocks from block 0 ends at or before the first missing
-            # block; probing one block in _BOUND_STRIDE finds one within a stride of it.
-            run = max(0, limit)
-            for k in range(min(_BOUND_STRIDE, run) - 1, run, _BOUND_STRIDE) if run else ():
-                if keys[k] not in gmap:
-                    run = k
-                    break
+            if matched is not None:  # the exact run, from the role's shared holders pass
+                run = matched(rule, limit)
+            else:
+                # The exact run of held blocks from block 0 ends at or before the first
+                # missing block; probing one block in _BOUND_STRIDE finds one within a
+                # stride of it.
+                run = max(0, limit)
+                for k in range(min(_BOUND_STRIDE, run) - 1, run, _BOUND_STRIDE) if run else ():
+                    if keys[k] not in gmap:
+                        run = k
+                        break
             bound = min(bound, rule.hit_from_matched(run, cap))
         return max(0, bound)
 

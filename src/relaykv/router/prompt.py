@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -43,12 +45,19 @@ class Prompt:
 
     def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
         """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
-        key = (index.geometry, group)
+        key = (holders, index.geometry, group)
         found = self._counts.get(key)
         if found is None:
             keys = self.request_for(index).keys(group)
             found = self._counts[key] = PromptCounts(holders, group, keys)
         return found
+
+    def counts_for(self, index: EngineIndex) -> Callable[[int], PromptCounts] | None:
+        """`index`'s view of the prompt's counts in its role's holders map (None: it has
+        none), as `EngineIndex.usable_hit` and `hit_bound` take it."""
+        if index.holders is None:
+            return None
+        return partial(self.counts, index.holders, index)
 
     def recount(self) -> None:
         """Forget the counts: the holders map changed (a new decision begins)."""

@@ -52,9 +52,15 @@ class Routing:
         self.paths = {"local": 0, "pd": 0}  # decode choices by path
         cache_aware = mode == "cache-aware"
         self.policies: dict[str, RoutingPolicy] = {}
-        self.holders = KeyHolders()  # decode engines' keys, to bound their hits together
+        # Which engines hold each key, per role: one pass scores a prompt on all of them.
+        self.holders = KeyHolders()  # decode engines
+        self.prefill_holders = KeyHolders()
         self.engines = Engines(
-            self.holders, follow_events=cache_aware, api_key=api_key, kv_secret=kv_secret
+            self.holders,
+            follow_events=cache_aware,
+            api_key=api_key,
+            kv_secret=kv_secret,
+            prefill_holders=self.prefill_holders,
         )
         self.prompts = PromptReader(cache_aware, api_key)
         self.in_flight = InFlightPrefixes()  # prompts sent to engines, not yet answered
@@ -70,7 +76,7 @@ class Routing:
         if policy is None:
             policy = self.policies[pool.role] = make_policy(self.mode, self.weights)
         views = [self._view(b, prompt) for b in backends]
-        scored = choose_engine(policy, prompt, views, self.holders)
+        scored = choose_engine(policy, prompt, views)
         backend = backends[scored.choice]
         index = views[scored.choice].index
         t = self.engines.tracker(backend)
@@ -112,7 +118,7 @@ class Routing:
                 path = settled
             else:
                 if rule.mode != "always" and prompt is not None and index is not None:
-                    hit = index.local_hit(prompt.request_for(index))
+                    hit = index.local_hit(prompt.request_for(index), prompt.counts_for(index))
                 queued = self.in_flight.queued_prefill(choice.backend.url)
                 # This router's requests on D now (streams, loads, local prefills; this
                 # request is counted once it is sent).

@@ -6,16 +6,16 @@ the same function, so both make the same decisions. Each engine is a `EngineView
 flight there give (`computing`, router/pending.py). Every engine gets a cheap upper bound of
 its usable hit (`EngineIndex.hit_bound`); the cache-aware policy then asks for the exact hit
 (kvcache's lookup, `EngineIndex.usable_hit`) only while a bound can still win
-(`CacheAwarePolicy.choose_lazy`), which makes the choice a full evaluation makes.
+(`CacheAwarePolicy.choose_lazy`), which makes the choice a full evaluation makes. Engines
+sharing their role's holders map (router/holders.py) take their bounds and their lookups'
+full-group runs from one pass over the prompt's keys there (`Prompt.counts_for`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
-from relaykv.router.holders import KeyHolders
 from relaykv.router.index import EngineIndex
 from relaykv.router.policy import CacheAwarePolicy, Candidate, RoutingPolicy
 from relaykv.router.prompt import Prompt
@@ -49,10 +49,7 @@ class Scored:
 
 
 def choose_engine(
-    policy: RoutingPolicy,
-    prompt: Prompt | None,
-    views: Sequence[EngineView],
-    holders: KeyHolders | None = None,
+    policy: RoutingPolicy, prompt: Prompt | None, views: Sequence[EngineView]
 ) -> Scored:
     """Score `prompt` on every view and let `policy` choose (`views` is not empty)."""
     if prompt is not None:
@@ -62,8 +59,10 @@ def choose_engine(
         bound = 0
         if prompt is not None and view.index is not None:
             index = view.index
-            bound = max(index.hit_bound(prompt.request_for(index), _counts(prompt, holders, index)),
-                        view.computing)
+            bound = max(
+                index.hit_bound(prompt.request_for(index), prompt.counts_for(index)),
+                view.computing,
+            )
         candidates.append(
             Candidate(
                 hit_tokens=bound,
@@ -79,7 +78,7 @@ def choose_engine(
     def exact_hit(i: int) -> int:
         index = views[i].index
         assert prompt is not None and index is not None
-        hit = index.usable_hit(prompt.request_for(index), _counts(prompt, holders, index))
+        hit = index.usable_hit(prompt.request_for(index), prompt.counts_for(index))
         exact[i] = max(hit, views[i].computing)
         return exact[i]
 
@@ -88,8 +87,3 @@ def choose_engine(
     else:
         choice = policy.choose(candidates)
     return Scored(choice, exact.get(choice), candidates[choice].hit_tokens)
-
-
-def _counts(prompt: Prompt, holders: KeyHolders | None, index: EngineIndex) -> partial | None:
-    """The prompt's keys in the shared holders map (decode engines' bound and reuse)."""
-    return partial(prompt.counts, holders, index) if holders is not None else None
