@@ -86,3 +86,27 @@ def test_a_decode_engine_refuses_a_local_request_its_pool_cannot_take_now() -> N
     assert refused is not None and "send it through a prefill engine" in refused
     # Colocated and prefill engines take every request (their queue waits for blocks).
     assert make_engine(num_blocks=40).refuses_locally(big, greedy(200)) is None
+
+
+def test_a_request_sampling_its_last_token_gets_no_proposal() -> None:
+    """With a draft (k = 2), the step that samples a request's last token proposes nothing
+    (the request ends; a c1/output1 sibling's one step on D is then no longer than P's
+    prefill step), while a request that goes on proposes as before."""
+    manager = KVCacheManager(GEO, 200, max_model_len=256, max_in_flight_tokens=64, pd_role=True)
+    config = SchedulerConfig(max_num_batched_tokens=128, max_num_seqs=4)
+    sched = Scheduler(config, manager, num_speculative_tokens=2, connector=StubConnector())
+    sched.add(_request("one", 40, 1, remote=False))
+    sched.add(_request("three", 40, 3, remote=False))
+    proposes: dict[str, list[bool]] = {"one": [], "three": []}
+    while sched.running or sched.waiting:
+        scheduled = sched.schedule()
+        for s in scheduled:
+            if s.work.sample:
+                proposes[s.request.request_id].append(s.work.propose)
+        sched.update(scheduled, [
+            SequenceOutput(s.request.request_id, [7] if s.work.sample else [])
+            for s in scheduled
+        ])
+        assert sched.check() == []
+    # "three": proposes after its first and second tokens, not with its third.
+    assert proposes == {"one": [False], "three": [True, True, False]}

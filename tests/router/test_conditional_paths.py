@@ -2,11 +2,14 @@
 local request reaches D alone, without transfer parameters; a D that refuses it for its pool
 (429, `local_admission_refused`) gets it again through P; a D that fails takes nothing more
 and the request goes through P to another D; under `never` it goes to another D alone. Each
-path is in the decision records, as is a D too busy with this router's requests to take one."""
+path is in the decision records, as is a D that decodes streams of this router (requests
+asking for more than one token, counted until their answer ends), which takes no local one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -47,7 +50,7 @@ class AlwaysLocal(ConditionalRule):
     """The conditional rule with every decision local (the mocks have no KV events)."""
 
     def decide(
-        self, prompt_tokens: int, hit_tokens: int | None, queued: int, running: int = 0
+        self, prompt_tokens: int, hit_tokens: int | None, queued: int, streams: int = 0
     ) -> PathChoice:
         return PathChoice(True, 3, "test: local")
 
@@ -57,9 +60,9 @@ class HeldPrefix(ConditionalRule):
     (the mocks' router reads no prompt)."""
 
     def decide(
-        self, prompt_tokens: int, hit_tokens: int | None, queued: int, running: int = 0
+        self, prompt_tokens: int, hit_tokens: int | None, queued: int, streams: int = 0
     ) -> PathChoice:
-        return super().decide(100, 97, queued, running)
+        return super().decide(100, 97, queued, streams)
 
 
 def _router(rule: ConditionalRule, decode: list[str]) -> Router:
@@ -123,19 +126,79 @@ async def test_under_never_a_failed_local_attempt_moves_to_another_decode_engine
     assert _paths(router) == [("decode", D1, "local"), ("decode", D2, "local")]
 
 
-async def test_a_decode_engine_running_requests_of_this_router_gets_siblings_through_p() -> None:
+class HeldStreams(LocalEngines):
+    """`LocalEngines` whose streamed answers stay open (after a first chunk) until
+    `release` is set; `opened` is set once one has sent its first chunk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened, self.release = asyncio.Event(), asyncio.Event()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        if not body.get("stream"):
+            return super().__call__(request)
+        self.calls.append((str(request.url.host), body))
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, content=self._held(), headers=headers)
+
+    async def _held(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"text": "a"}]}\n\n'
+        self.opened.set()
+        await self.release.wait()
+        yield b"data: [DONE]\n\n"
+
+
+async def _streams_on_d1_then_a_sibling(max_tokens: int) -> tuple[Router, int]:
+    """One streamed request asking for `max_tokens` held open on D1, then a sibling
+    (max_tokens 5): the router, and D1's streams while the first one was open."""
+    engines = HeldStreams()
+    router = _router(HeldPrefix(), [D1])  # the default max running: 0
+    d1 = router.decode.backends[0]
+    async with _client(router, engines) as client:
+        first = asyncio.create_task(
+            client.post("/v1/completions", json={**BODY, "stream": True, "max_tokens": max_tokens})
+        )
+        await asyncio.wait_for(engines.opened.wait(), 5)
+        streams = d1.streams
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+        engines.release.set()
+        assert (await first).text.endswith("data: [DONE]\n\n")
+    assert (d1.streams, d1.in_flight) == (0, 0)  # counted out when the stream ended
+    return router, streams
+
+
+async def test_a_decode_engine_decoding_a_stream_of_this_router_gets_siblings_through_p() -> None:
+    router, streams = await _streams_on_d1_then_a_sibling(max_tokens=5)
+    assert streams == 1  # a local prefill there would hold that stream up one step
+    assert [(d.role, d.path) for d in router.routing.recent] == [
+        ("decode", "local"), ("decode", "pd"), ("prefill", "pd")
+    ]
+    assert router.routing.recent[1].why == "1 streams decoding there > max running 0"
+
+
+async def test_a_one_token_request_in_flight_is_no_stream() -> None:
+    # Asking for one token, it ends at its first: a local prefill stalls no stream of it.
+    router, streams = await _streams_on_d1_then_a_sibling(max_tokens=1)
+    assert streams == 0
+    assert [(d.role, d.path) for d in router.routing.recent] == [
+        ("decode", "local"), ("decode", "local")
+    ]
+
+
+async def test_max_running_lets_a_decode_engine_take_siblings_next_to_streams() -> None:
     engines = LocalEngines()
     router = _router(HeldPrefix(max_running=1), [D1])
     d1 = router.decode.backends[0]
     async with _client(router, engines) as client:
-        d1.in_flight = 1  # one stream there: a local prefill may hold it up one step
+        d1.streams = 1  # one stream there: allowed by max running 1
         assert (await client.post("/v1/completions", json=BODY)).status_code == 200
-        d1.in_flight = 2  # two: P computes, D only loads
+        d1.streams = 2  # two: P computes, D only loads
         assert (await client.post("/v1/completions", json=BODY)).status_code == 200
     assert [u for u, _ in engines.calls] == [D1, P1, D1]
     assert engines.calls[0][1]["kv_transfer_params"] is None
     assert _paths(router) == [("decode", D1, "local"), ("decode", D1, "pd"), ("prefill", P1, "pd")]
-    assert router.routing.recent[1].why == "2 requests running there > max running 1"
+    assert router.routing.recent[1].why == "2 streams decoding there > max running 1"
 
 
 async def test_a_streamed_local_request_is_relayed() -> None:

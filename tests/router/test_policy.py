@@ -91,11 +91,19 @@ def test_conditional_rule_goes_local_for_a_short_suffix_on_a_held_prefix() -> No
     assert rule.decide(1600, 1536, queued_prefill=960).local
     queued = rule.decide(1600, 1536, queued_prefill=961)
     assert not queued.local and "queued local prefill 961 + 64 > 1024" in queued.why
-    # Requests of this router running on D: a local prefill would stall each of them.
-    assert rule.decide(1600, 1536, queued_prefill=0, running=1).local
-    busy = rule.decide(1600, 1536, queued_prefill=0, running=2)
-    assert not busy.local and busy.why == "2 requests running there > max running 1"
-    assert ConditionalRule(max_running=0).decide(1600, 1536, 0, running=1).why.startswith("1 ")
+    # By default the queue's cap is the max suffix: the wait behind what is queued plus the
+    # suffix's own prefill stays within one P trip.
+    default = ConditionalRule(max_suffix=300)
+    assert default.queue_cap == 300 and ConditionalRule().queue_cap == 512
+    assert default.decide(1600, 1536, queued_prefill=236).local
+    full = default.decide(1600, 1536, queued_prefill=237)
+    assert full.why == "queued local prefill 237 + 64 > 300"
+    # Streams of this router decoding on D: a local prefill would stall each of them, so by
+    # default (max running 0) one is enough to send the sibling through P.
+    busy = rule.decide(1600, 1536, queued_prefill=0, streams=1)
+    assert not busy.local and busy.why == "1 streams decoding there > max running 0"
+    assert ConditionalRule(max_running=1).decide(1600, 1536, 0, streams=1).local
+    assert not ConditionalRule(max_running=1).decide(1600, 1536, 0, streams=2).local
     # Nothing held there (a new prefix), or nothing known: P -> D.
     assert not rule.decide(100, 0, 0).local
     assert not rule.decide(100, None, 0).local
@@ -157,7 +165,10 @@ def test_the_routers_flags_build_the_rule_and_name_a_bad_value(
     add_disaggregation_arguments(parser)
     rule = conditional_rule(parser.parse_args(["--conditional-max-running", "3"]), parser)
     assert (rule.mode, rule.max_suffix, rule.max_running) == ("conditional", 512, 3)
-    assert conditional_rule(parser.parse_args([]), parser).max_running == 1
+    assert rule.queue_cap == 512  # no --conditional-max-queued-prefill: the max suffix
+    argv = ["--conditional-max-suffix", "64", "--conditional-max-queued-prefill", "1000"]
+    assert conditional_rule(parser.parse_args(argv), parser).queue_cap == 1000
+    assert conditional_rule(parser.parse_args([]), parser).max_running == 0
     with pytest.raises(SystemExit):
         conditional_rule(parser.parse_args(["--conditional-max-running", "-1"]), parser)
     assert "argument --conditional-max-running: must be >= 0, got -1" in capsys.readouterr().err

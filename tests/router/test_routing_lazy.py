@@ -48,6 +48,7 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
             t = routing.engines.tracker(b)
             t.index, t.subscriber = index, object()  # type: ignore[assignment]
             b.in_flight = rng.randrange(3)
+            b.streams = rng.randrange(b.in_flight + 1)
             indexes.append(index)
         prompt_tokens = systems[rng.randrange(4)] + tokens(rng.randrange(1, 50), seed=999)
         if trial % 10 == 0:
@@ -79,7 +80,7 @@ def test_lazy_choice_equals_full_evaluation(role: str) -> None:
                 routing.conditional = ConditionalRule(max_suffix=max_suffix)
                 path = routing.decide_path(chosen)
                 exact_path = routing.conditional.decide(
-                    len(prompt_tokens), local, 0, chosen.backend.in_flight
+                    len(prompt_tokens), local, 0, chosen.backend.streams
                 )
                 assert path.local == exact_path.local, (trial, max_suffix, path, exact_path)
                 assert path.suffix in (-1, exact_path.suffix)

@@ -103,12 +103,12 @@ def test_cache_aware_routing_keeps_siblings_together() -> None:
 def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     """The router's rule on the simulated cluster: with a max suffix the siblings' suffixes
     fit (32 new tokens + the EAGLE unit), D prefills them itself; nothing is received for
-    them and their first tokens come sooner (no P trip); greedy work is the same. A D busy
-    with the router's other requests gets siblings through P (`max_running`)."""
+    them and their first tokens come sooner (no P trip); greedy work is the same. A D that
+    decodes the router's other streams gets siblings through P (`max_running`)."""
     always = _run("per-group")
     local = _run(
         "per-group", disaggregation="conditional", conditional_max_suffix=128,
-        conditional_max_running=4,
+        conditional_max_running=4, conditional_max_queued_prefill=4096,
     )
     # The warmup is P -> D (nothing on D yet); every measured sibling finds the prefix on D.
     assert local["local_requests"] == 12 and always["local_requests"] == 0
@@ -122,8 +122,9 @@ def test_conditional_disaggregation_runs_the_routers_rule() -> None:
         conditional_max_running=4,
     )
     assert short["local_requests"] == 1
-    # The router's default max running (1): at concurrency 4 D runs 3 other requests when
-    # a sibling arrives, so most siblings go P -> D; sequential siblings (c1) all go local.
+    # The router's default max running (0): at concurrency 4 D decodes the other streams
+    # when a sibling arrives, so most siblings go P -> D; sequential siblings (c1) all go
+    # local.
     busy = _run("per-group", disaggregation="conditional", conditional_max_suffix=128)
     assert busy["local_requests"] < 12
     alone = _run(

@@ -250,8 +250,12 @@ class Scheduler:
             sampling=req.params,
             draft_token_ids=list(drafts),
             next_token_id=next_token,
-            # A prefill engine hands the request over after one token: no proposals.
-            propose=not req.is_prefill_only,
+            # A prefill engine hands the request over after one token, and a request that
+            # samples its last token now ends: no proposals for either (the draft still
+            # writes its KV of the computed positions, which later requests reuse).
+            propose=not req.is_prefill_only and not (
+                sample and len(req.output_ids) + 1 >= req.params.max_tokens
+            ),
         )
 
     def _drafts_for(self, req: Request, n: int, budget: int) -> list[int]:

@@ -186,8 +186,9 @@ def _run_cluster(
                      "--prefill-timeout", str(args.prefill_timeout),
                      "--disaggregation", args.disaggregation,
                      "--conditional-max-suffix", str(args.conditional_max_suffix),
-                     "--conditional-max-queued-prefill",
-                     str(args.conditional_max_queued_prefill),
+                     *([] if args.conditional_max_queued_prefill is None else
+                       ["--conditional-max-queued-prefill",
+                        str(args.conditional_max_queued_prefill)]),
                      "--conditional-max-running", str(args.conditional_max_running)],
         kv_events=args.routing == "cache-aware", num_prefill=args.num_prefill,
         num_decode=args.num_decode, host=args.host, router_port=args.port,

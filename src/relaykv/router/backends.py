@@ -24,6 +24,9 @@ class Backend:
     url: str
     role: str  # prefill | decode
     in_flight: int = 0
+    # Of those, the requests that decode there past their first token (asked for more than
+    # one), from the decode call to their last token: the streams a local prefill would stall.
+    streams: int = 0
     healthy: bool = True
     requests: int = 0
     failures: int = 0
@@ -39,6 +42,7 @@ class Backend:
             "role": self.role,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
+            "streams": self.streams,
             "requests": self.requests,
             "failures": self.failures,
             "last_error": self.last_error if not self.healthy else "",

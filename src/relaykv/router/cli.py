@@ -11,7 +11,6 @@ from relaykv.common.plumbing.secret_files import PrivateFileError, resolve_api_k
 from relaykv.router.app import create_router_app
 from relaykv.router.intake import DEFAULT_MAX_BODY_BYTES, IntakeLimits
 from relaykv.router.policy import (
-    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     DEFAULT_CONDITIONAL_MAX_RUNNING,
     DEFAULT_CONDITIONAL_MAX_SUFFIX,
     DISAGGREGATION_MODES,
@@ -98,19 +97,19 @@ def add_disaggregation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--conditional-max-queued-prefill",
         type=int,
-        default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+        default=None,
         metavar="TOKENS",
         help="per decode engine, the local prefill tokens this router may have in flight "
-        f"there (default {DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL})",
+        "there, the new request's included (default: the max suffix)",
     )
     group.add_argument(
         "--conditional-max-running",
         type=int,
         default=DEFAULT_CONDITIONAL_MAX_RUNNING,
-        metavar="REQUESTS",
-        help="a decode engine takes a local request only while this router has at most "
-        "REQUESTS in flight there (a local prefill stalls each of their streams one step; "
-        f"default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
+        metavar="STREAMS",
+        help="a decode engine takes a local request only while at most STREAMS of this "
+        "router's requests decode there (asked for more than one token: a local prefill "
+        f"stalls each of them one step; default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
     )
 
 
@@ -121,7 +120,7 @@ def conditional_rule(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         ("--conditional-max-queued-prefill", args.conditional_max_queued_prefill),
         ("--conditional-max-running", args.conditional_max_running),
     ):
-        if value < 0:
+        if value is not None and value < 0:
             parser.error(f"argument {flag}: must be >= 0, got {value}")
     return ConditionalRule(
         args.disaggregation,

@@ -72,20 +72,31 @@ class EngineCalls:
         body: bytes,
         headers: dict[str, str],
         stream: bool,
+        decodes: bool = False,
     ) -> Response | None:
-        """A decode engine's answer (streamed through), or None when it failed."""
+        """A decode engine's answer (streamed through), or None when it failed. `decodes`:
+        the request asks for more than one token, so it counts among the engine's
+        `streams` until its answer ends."""
+        backend.streams += decodes
         if not stream:
-            resp = await self.post(pool, backend, path, body, headers)
+            try:
+                resp = await self.post(pool, backend, path, body, headers)
+            finally:
+                backend.streams -= decodes
             return None if resp is None else relayed(resp)
-        opened = await self._open_stream(pool, backend, path, body, headers)
-        if opened is None:
-            return None
-        if opened.status_code != 200:
-            await opened.aread()
-            await opened.aclose()
-            return relayed(opened)
+        try:
+            opened = await self._open_stream(pool, backend, path, body, headers)
+            if opened is not None and opened.status_code != 200:
+                await opened.aread()
+                await opened.aclose()
+        except BaseException:
+            backend.streams -= decodes
+            raise
+        if opened is None or opened.status_code != 200:
+            backend.streams -= decodes
+            return None if opened is None else relayed(opened)
         return StreamingResponse(
-            self._relay_stream(pool, backend, opened), media_type="text/event-stream"
+            self._relay_stream(pool, backend, opened, decodes), media_type="text/event-stream"
         )
 
     async def _open_stream(
@@ -116,7 +127,7 @@ class EngineCalls:
         return resp
 
     async def _relay_stream(
-        self, pool: BackendPool, backend: Backend, resp: httpx.Response
+        self, pool: BackendPool, backend: Backend, resp: httpx.Response, decodes: bool = False
     ) -> AsyncIterator[bytes]:
         """Pass the engine's SSE bytes through; a client that goes away closes the engine's
         stream too. Every stream ends with `data: [DONE]`, a broken one after an in-band
@@ -139,6 +150,7 @@ class EngineCalls:
                 yield DONE
         finally:
             backend.in_flight -= 1
+            backend.streams -= decodes
             self._on_stream_end()
             await resp.aclose()
 

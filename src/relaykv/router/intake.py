@@ -94,6 +94,18 @@ class ClientBody:
     def stream(self) -> bool:
         return self.data.get("stream") is True
 
+    @property
+    def decodes(self) -> bool:
+        """Whether the request may generate more than one token (its output cap, chat's
+        `max_completion_tokens` else `max_tokens`, above 1 or not given): a stream on its
+        decode engine after the first token. A bad value counts as decoding (the engine
+        refuses it)."""
+        for field in ("max_completion_tokens", "max_tokens"):
+            value = self.data.get(field)
+            if value is not None:
+                return not (isinstance(value, int) and not isinstance(value, bool) and value <= 1)
+        return True
+
     def with_fields(self, fields: dict[str, Any]) -> bytes:
         """The client's bytes with `fields` appended as the object's last members."""
         # ensure_ascii: the appended text is ASCII, whatever the values (never a 500 here).

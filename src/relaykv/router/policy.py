@@ -27,9 +27,11 @@ the fewest blocks wins them (new prefixes spread over the caches), then round ro
 local request), when it holds part of the prompt (a usable hybrid-exact hit: the engine
 serves the siblings of what it holds) and the suffix that hit leaves is at most
 `max_suffix` tokens and the local prefill this router has queued there, this suffix
-included, stays within `max_queued_prefill` and this router has at most `max_running`
-requests in flight there (a local prefill holds up every stream D runs for a step: P/D keeps
-their inter-token latency, so a busy D gets its siblings through P); otherwise P -> D.
+included, stays within `max_queued_prefill` and at most `max_running` of this router's
+streams decode there (requests asking for more than one token: a local prefill holds up each
+of them for a step, P/D keeps their inter-token latency, so a D that decodes gets its
+siblings through P; the default 0 means a local prefill never stalls a stream); otherwise
+P -> D.
 `always` is P -> D for every request, `never` local for every one (colocated-style, decode
 engines only).
 """
@@ -61,14 +63,19 @@ def default_sibling_reach(max_suffix: int) -> int:
     return max_suffix + SIBLING_REACH_MARGIN
 
 
-# Per decode engine, local prefill tokens queued by this router (not yet answered): eight
-# suffixes of the default size, so a burst of siblings spills over to P.
-DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL = 4096
-# Per decode engine, requests this router may have in flight there (decoding, loading or
-# prefilling) for it to take a local request: the local prefill stalls each of them one step.
-# One: a request arriving as the previous one's stream ends still goes local; with two or
-# more streams running, P -> D keeps their inter-token latency (docs/routing.md, measured).
-DEFAULT_CONDITIONAL_MAX_RUNNING = 1
+# Per decode engine, local prefill tokens queued by this router (not yet answered), this
+# suffix included: by default the max suffix itself (`ConditionalRule.queue_cap`). The max
+# suffix is what D prefills in the time the P trip takes, so a local request's wait behind
+# the local prefill queued there plus its own prefill stays within the trip it saves; a
+# burst of siblings spills over to P, which computes in parallel (docs/routing.md: the
+# simulator's c8/output1 with 4,096 queued tokens put every sibling on D, -6% throughput
+# on dsv4-flash, +49% with the default).
+# Per decode engine, this router's streams there (requests in flight that ask for more than
+# one token, from the decode call until their last token) for it to still take a local
+# request: the local prefill stalls each of them one step. Zero: a local prefill never lands
+# on a D that decodes; with one allowed, 2 of 8 gsp c4 siblings went local and cost the
+# streams 14.8% of their throughput and +36.8% P99 ITL (docs/routing.md, measured).
+DEFAULT_CONDITIONAL_MAX_RUNNING = 0
 # Scores this close count as tied (round robin): a 1.7% difference in KV usage (kv_weight
 # 0.3) is noise from the last metrics scrape, while one block of a 2k-token prompt's hit
 # (0.7%) still counts.
@@ -204,7 +211,7 @@ class ConditionalRule:
 
     mode: str = "conditional"
     max_suffix: int = DEFAULT_CONDITIONAL_MAX_SUFFIX
-    max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+    max_queued_prefill: int | None = None  # None: the max suffix (`queue_cap`)
     max_running: int = DEFAULT_CONDITIONAL_MAX_RUNNING
 
     def __post_init__(self) -> None:
@@ -215,12 +222,17 @@ class ConditionalRule:
             )
         if self.max_suffix < 0:
             raise ValueError(f"conditional_max_suffix must be >= 0, got {self.max_suffix}")
-        if self.max_queued_prefill < 0:
+        if self.max_queued_prefill is not None and self.max_queued_prefill < 0:
             raise ValueError(
                 f"conditional_max_queued_prefill must be >= 0, got {self.max_queued_prefill}"
             )
         if self.max_running < 0:
             raise ValueError(f"conditional_max_running must be >= 0, got {self.max_running}")
+
+    @property
+    def queue_cap(self) -> int:
+        """The most local prefill tokens this router queues on one decode engine."""
+        return self.max_suffix if self.max_queued_prefill is None else self.max_queued_prefill
 
     def settled_by_bound(self, prompt_tokens: int, hit_bound: int) -> PathChoice | None:
         """The path `decide` gives whatever the exact hit, when an upper bound of it already
@@ -237,12 +249,12 @@ class ConditionalRule:
         return None
 
     def decide(
-        self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int, running: int = 0
+        self, prompt_tokens: int, hit_tokens: int | None, queued_prefill: int, streams: int = 0
     ) -> PathChoice:
         """The path of a `prompt_tokens`-token prompt whose usable hit on the chosen decode
         engine is `hit_tokens` (None: unknown, the prompt was not read) while this router
-        has `queued_prefill` local prompt tokens queued there and `running` requests in
-        flight there (not counting this one)."""
+        has `queued_prefill` local prompt tokens queued there and `streams` requests in
+        flight there that decode past their first token (not counting this one)."""
         suffix = prompt_tokens - hit_tokens if hit_tokens is not None else -1
         if self.mode == "never":
             return PathChoice(True, suffix, "--disaggregation never")
@@ -254,15 +266,15 @@ class ConditionalRule:
             return PathChoice(False, suffix, "no usable hit on the decode engine")
         if suffix > self.max_suffix:
             return PathChoice(False, suffix, f"suffix {suffix} > max suffix {self.max_suffix}")
-        if queued_prefill + suffix > self.max_queued_prefill:
+        if queued_prefill + suffix > self.queue_cap:
             return PathChoice(
                 False,
                 suffix,
-                f"queued local prefill {queued_prefill} + {suffix} > {self.max_queued_prefill}",
+                f"queued local prefill {queued_prefill} + {suffix} > {self.queue_cap}",
             )
-        if running > self.max_running:
+        if streams > self.max_running:
             return PathChoice(
-                False, suffix, f"{running} requests running there > max running {self.max_running}"
+                False, suffix, f"{streams} streams decoding there > max running {self.max_running}"
             )
         return PathChoice(True, suffix, f"suffix {suffix} <= max suffix {self.max_suffix}")
 

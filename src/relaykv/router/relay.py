@@ -167,7 +167,7 @@ class Router:
                 decode_body = body.with_fields({"kv_transfer_params": transfer})
                 await decode.prefix_loaded()
                 response = await self.calls.decode(
-                    self.decode, backend, path, decode_body, headers, body.stream
+                    self.decode, backend, path, decode_body, headers, body.stream, body.decodes
                 )
                 if isinstance(response, StreamingResponse):
                     response.body_iterator = decode.until_first(response.body_iterator)
@@ -194,7 +194,7 @@ class Router:
             await decode.prefix_loaded()  # a load of the same prefix there lands first
             local_body = body.with_fields({"kv_transfer_params": None})
             response = await self.calls.decode(
-                self.decode, decode.backend, path, local_body, headers, body.stream
+                self.decode, decode.backend, path, local_body, headers, body.stream, body.decodes
             )
             if isinstance(response, StreamingResponse):
                 response.body_iterator = decode.until_first(response.body_iterator)

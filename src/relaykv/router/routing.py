@@ -120,9 +120,9 @@ class Routing:
                 if rule.mode != "always" and prompt is not None and index is not None:
                     hit = index.local_hit(prompt.request_for(index), prompt.counts_for(index))
                 queued = self.in_flight.queued_prefill(choice.backend.url)
-                # This router's requests on D now (streams, loads, local prefills; this
-                # request is counted once it is sent).
-                path = rule.decide(n, hit, queued, choice.backend.in_flight)
+                # This router's streams on D now (requests decoding past their first
+                # token there; this request is counted once it is sent).
+                path = rule.decide(n, hit, queued, choice.backend.streams)
         record = choice.record
         record.path, record.why = path.path, path.why
         record.local_suffix = path.suffix
@@ -164,7 +164,7 @@ class Routing:
             "disaggregation": {
                 "mode": rule.mode,
                 "max_suffix": rule.max_suffix,
-                "max_queued_prefill": rule.max_queued_prefill,
+                "max_queued_prefill": rule.queue_cap,
                 "max_running": rule.max_running,
                 "paths": dict(self.paths),
             },

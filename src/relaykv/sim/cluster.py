@@ -33,7 +33,6 @@ from relaykv.common.workloads import SampleRequest
 from relaykv.engine import EngineConfig, InvalidRequest, Request, SamplingParams, SchedulerConfig
 from relaykv.kvcache import PDPolicy, Role
 from relaykv.router.policy import (
-    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     DEFAULT_CONDITIONAL_MAX_RUNNING,
     ConditionalRule,
     default_sibling_reach,
@@ -73,7 +72,7 @@ class ClusterSpec:
     kv_offloading_interval: int | None = None
     disaggregation: str = "always"  # relaykv router's --disaggregation (module docstring)
     conditional_max_suffix: int | None = None  # None: the cost estimate from the presets
-    conditional_max_queued_prefill: int = DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
+    conditional_max_queued_prefill: int | None = None  # None: the max suffix
     conditional_max_running: int = DEFAULT_CONDITIONAL_MAX_RUNNING
 
     def trip_seconds(self) -> float:
@@ -218,6 +217,7 @@ class SimCluster:
         record = self._live[rid][0]
         record.decode_engine, record.path = engine.name, "local"
         self.router.queue(engine, rid, max(0, path.suffix))
+        self.router.stream(engine, rid, params.max_tokens)
 
     def _hop(self, fn: Callable[[], None]) -> None:
         """Run `fn` once the router has spent a hop on it (after the hops before it)."""
@@ -242,6 +242,7 @@ class SimCluster:
             return
         if role == "decode":
             self._live[rid][0].decode_engine = engine.name
+            self.router.stream(engine, rid, params.max_tokens)
 
     def _progress(self, engine: SimEngine, req: Request, new_tokens: list[int]) -> None:
         rid = req.request_id
@@ -267,6 +268,7 @@ class SimCluster:
             record.output_tokens += len(new_tokens)
         if req.finished:
             self.router.unqueue(rid)
+            self.router.unstream(rid)
             self.router.done(engine)
             if req.error:
                 self._fail(rid, req.error)

@@ -10,7 +10,7 @@ scored as the router does: the index's cheap `hit_bound`, then its exact `usable
 engine's queue and KV usage are read at the moment of the decision (the real router sees
 them at its last health tick: simulator.md "What is not modelled"). `path` applies the
 router's `ConditionalRule` to a chosen decode engine (its hybrid-exact local hit from the
-index, the local prefill queued there, the requests the router has in flight there), as
+index, the local prefill queued there, the router's streams decoding there), as
 `Routing.decide_path` does.
 """
 
@@ -39,6 +39,10 @@ class SimRouter:
         self.mode = mode
         self.conditional = conditional or ConditionalRule("always")
         self.queued: dict[str, int] = {}  # per decode engine, local prefill tokens queued
+        # Per decode engine, the requests there that ask for more than one token (the
+        # router's `Backend.streams`), and each one's engine by request id.
+        self.streams: dict[str, int] = {}
+        self._stream_of: dict[str, str] = {}
         self._queued_by: dict[str, tuple[str, int]] = {}  # request id -> (engine, tokens)
         self.engines = {e.name: e for engines in pools.values() for e in engines}
         self.pools = {role: BackendPool(role, [e.name for e in es]) for role, es in pools.items()}
@@ -86,11 +90,21 @@ class SimRouter:
         hit = None
         if index is not None and self.conditional.mode != "always":
             hit = index.local_hit(Prompt(tokens).request_for(index))
-        # The router's requests on the engine, this one (counted by `pick`) left out.
-        running = self.backends[engine.name].in_flight - 1
         return self.conditional.decide(
-            len(tokens), hit, self.queued.get(engine.name, 0), max(0, running)
+            len(tokens), hit, self.queued.get(engine.name, 0), self.streams.get(engine.name, 0)
         )
+
+    def stream(self, engine: SimEngine, request_id: str, max_tokens: int) -> None:
+        """The request is sent to decode engine `engine`: a stream there until `unstream`
+        when it asks for more than one token."""
+        if max_tokens > 1:
+            self._stream_of[request_id] = engine.name
+            self.streams[engine.name] = self.streams.get(engine.name, 0) + 1
+
+    def unstream(self, request_id: str) -> None:
+        name = self._stream_of.pop(request_id, None)
+        if name is not None:
+            self.streams[name] -= 1
 
     def queue(self, engine: SimEngine, request_id: str, tokens: int) -> None:
         """A local request's prefill is queued on `engine` until its first token."""

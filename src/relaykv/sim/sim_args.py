@@ -22,7 +22,6 @@ from relaykv.engine import SchedulerConfig
 from relaykv.kvcache import PD_POLICIES
 from relaykv.kvcache.retention import ENGINE_RETENTION_HELP
 from relaykv.router.policy import (
-    DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
     DEFAULT_CONDITIONAL_MAX_RUNNING,
     DISAGGREGATION_MODES,
     ROUTING_MODES,
@@ -150,14 +149,16 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--conditional-max-queued-prefill",
         type=int,
-        default=DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL,
+        default=None,
+        help="the router's --conditional-max-queued-prefill (default: the max suffix)",
     )
     g.add_argument(
         "--conditional-max-running",
         type=int,
         default=DEFAULT_CONDITIONAL_MAX_RUNNING,
-        help="the router's --conditional-max-running: the requests in flight on a decode "
-        f"engine above which siblings go through P (default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
+        help="the router's --conditional-max-running: the streams (requests asking for more "
+        "than one token) decoding on a decode engine above which siblings go through P "
+        f"(default {DEFAULT_CONDITIONAL_MAX_RUNNING})",
     )
     g.add_argument(
         "--kv-offloading-size",
@@ -314,9 +315,7 @@ def cluster_spec(
         routing=args.routing,
         disaggregation=getattr(args, "disaggregation", "always"),
         conditional_max_suffix=getattr(args, "conditional_max_suffix", None),
-        conditional_max_queued_prefill=getattr(
-            args, "conditional_max_queued_prefill", DEFAULT_CONDITIONAL_MAX_QUEUED_PREFILL
-        ),
+        conditional_max_queued_prefill=getattr(args, "conditional_max_queued_prefill", None),
         conditional_max_running=getattr(
             args, "conditional_max_running", DEFAULT_CONDITIONAL_MAX_RUNNING
         ),

@@ -79,6 +79,33 @@ def test_aba_writes_tables_plots_and_results(
     assert ttft["spread_pct"] == pytest.approx(abs(a1 - a2) / ((a1 + a2) / 2) * 100)
 
 
+def test_interleaved_runs_share_the_same_minutes_and_give_the_same_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ab(tmp_path, "--interleave", "--probe", "--probe-prefix-len", "64", "--settle", "0") == 0
+    out = capsys.readouterr().out
+    # every cluster is up before the first group, and stopped after the last
+    assert out.index("[3/3] A2: cluster ready") < out.index("A1 c1/output1: 3/3 ok")
+    assert out.index("A2 c2/output4: 4/4 ok") < out.index("A1: cluster stopped")
+    runs = json.loads((tmp_path / "ab_runs.json").read_text())["runs"]
+    assert [(r["label"], r["config"], r["interleaved"]) for r in runs] == [
+        ("A1", "legacy", True), ("B1", "per-group", True), ("A2", "legacy", True)
+    ]
+    rows = {(r["group"], r["metric"]): r for r in json.loads(
+        (tmp_path / "ab_table.json").read_text())["rows"]}
+    # each run's own counters, as in the sequential A/B/A (same warmup, same requests)
+    local = rows[("c1/output1", "decode_local_hit_tokens")]
+    assert local["values"] == {"A1": 0.0, "B1": 192.0, "A2": 0.0}
+    assert rows[("probe/serial", "local_hit_tokens")]["values"]["B1"] == 128.0
+    assert rows[("c2/output4", "completed")]["values"] == {"A1": 4.0, "B1": 4.0, "A2": 4.0}
+    assert rows[("c2/output4", "differing_outputs")]["values"] == {"A1": 0, "B1": 0, "A2": 0}
+    result = json.loads((tmp_path / "results" / "B1-c2_output4.json").read_text())
+    assert result["completed"] == 4 and result["total_output_tokens"] == 16
+    # one front end per run is not supported interleaved: refused before anything starts
+    assert ab(tmp_path / "front", "--interleave", "--front-cmd", "x --port {port}") == 2
+    assert "--interleave does not take --front-cmd" in capsys.readouterr().err
+
+
 def test_a_failing_up_command_stops_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

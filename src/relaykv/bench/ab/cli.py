@@ -36,6 +36,7 @@ from relaykv.bench.ab.workload import (
     count_differing_outputs,
     parse_group,
     run_group,
+    run_group_interleaved,
 )
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.engine_counters import ClusterUrls
@@ -60,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--order",
         default="A/B/A",
         help="runs by letter or config name, separated by / (default A/B/A)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every run's cluster at once and send each group in waves of its "
+        "concurrency, one wave per run in turn (the first rotating): the runs share the "
+        "host's minutes, so a slower stretch of a shared host slows them alike "
+        "(docs/benchmarking.md, 'Interleaved runs')",
     )
     parser.add_argument(
         "--up-cmd",
@@ -230,6 +239,104 @@ async def _measure(
             log(f"{label} {group.label}: request failed: {error}")
 
 
+def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda message: log(prefix + message)
+
+
+async def _measure_interleaved(
+    args: argparse.Namespace,
+    urls: list[ClusterUrls],
+    workload: Workload,
+    records: list[dict[str, Any]],
+    out_dir: Path,
+    log: Callable[[str], None],
+) -> None:
+    """`--interleave`: the probe on each cluster in turn, then each group on all of them
+    at once (`run_group_interleaved`)."""
+    served = None
+    if args.model is None or args.vocab_size is None:
+        served = await fetch_served_model(urls[0].router)
+    model = args.model or served.id  # type: ignore[union-attr]
+    vocab = args.vocab_size or (served.vocab_size if served else None) or DEFAULT_VOCAB_SIZE
+    targets = [
+        ApiTarget(
+            api_url=f"{u.router}/v1/completions",
+            model=model,
+            sampling={"temperature": args.temperature},
+            ignore_eos=not args.no_ignore_eos,
+            timeout_s=args.request_timeout,
+        )
+        for u in urls
+    ]
+    for record, target, cluster in zip(records, targets, urls, strict=True):
+        record.update(model=model, vocab_size=vocab)
+        if args.probe:
+            prompts = probe_prompts(args.probe_prefix_len, args.probe_suffix_len, vocab, args.seed)
+            report = await run_probe(
+                target, cluster.router, prompts, settle_s=args.settle, cluster=cluster,
+                log=_prefixed(log, f"{record['label']} probe: "),
+            )
+            record["probe"] = {**report.as_json(), "errors": report.errors}
+    for index, group in enumerate(workload.groups):
+        results = await run_group_interleaved(targets, urls, workload, index, vocab, log=log)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", group.label)
+        (out_dir / "results").mkdir(exist_ok=True)
+        for record, result in zip(records, results, strict=True):
+            record["groups"].append(asdict(result))
+            label, r = record["label"], result.result
+            (out_dir / "results" / f"{label}-{name}.json").write_text(json.dumps(r))
+            log(
+                f"{label} {group.label}: {r['completed']}/{r['completed'] + r['failed']} ok, "
+                f"{r['request_throughput']:.3f} req/s, mean TTFT {r['mean_ttft_ms']:.1f} ms, "
+                f"P99 TTFT {r['p99_ttft_ms']:.1f} ms (interleaved)"
+            )
+
+
+def _run_interleaved(
+    args: argparse.Namespace,
+    configs: dict[str, list[str]],
+    plan: list[str],
+    labels: list[str],
+    workload: Workload,
+    out_dir: Path,
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], int]:
+    """Every run's cluster up at once, the workload interleaved, then every cluster
+    stopped. Returns the run records and the exit status."""
+    records: list[dict[str, Any]] = []
+    clusters: list[ClusterProcess] = []
+    urls: list[ClusterUrls] = []
+    status = 0
+    try:
+        for i, (label, config) in enumerate(zip(labels, plan, strict=True), start=1):
+            argv = [*shlex.split(args.up_cmd), "--json", *configs[config]]
+            cluster = ClusterProcess(
+                argv,
+                out_dir / f"{label}-cluster.log",
+                ready_timeout_s=args.up_timeout,
+                stop_timeout_s=args.stop_timeout,
+            )
+            clusters.append(cluster)
+            records.append({
+                "label": label, "config": config, "flags": configs[config],
+                "command": shlex.join(argv), "probe": None, "groups": [], "interleaved": True,
+            })
+            log(f"[{i}/{len(plan)}] {label} ({config}): starting `{cluster.command}`")
+            urls.append(cluster.start())
+            records[-1]["cluster"] = asdict(urls[-1])
+            log(f"[{i}/{len(plan)}] {label}: cluster ready, router {urls[-1].router}")
+        asyncio.run(_measure_interleaved(args, urls, workload, records, out_dir, log))
+    except (ClusterStartError, ServerError) as exc:
+        log(f"{PROG}: interleaved runs failed: {exc}")
+        status = 1
+    finally:
+        for record, cluster in zip(records, clusters, strict=False):
+            code = cluster.stop()
+            log(f"{record['label']}: cluster stopped (exit status {code})")
+    (out_dir / "ab_runs.json").write_text(json.dumps({"baseline": plan[0], "runs": records}))
+    return records, status
+
+
 def check_workload(args: argparse.Namespace, workload: Workload) -> None:
     """Reject bad workload flags before any cluster starts (raises ValueError)."""
     if args.num_warmups < 0:
@@ -252,6 +359,8 @@ def check_workload(args: argparse.Namespace, workload: Workload) -> None:
     except ValueError as exc:
         raise ValueError(f"--up-cmd: {exc}") from None
     if args.front_cmd is not None:
+        if args.interleave:
+            raise ValueError("--interleave does not take --front-cmd")
         check_template(args.front_cmd)
     if not (args.up_timeout > 0 and args.stop_timeout > 0 and args.request_timeout > 0):
         raise ValueError("--up-timeout, --stop-timeout and --request-timeout must be > 0")
@@ -289,7 +398,11 @@ def run(args: argparse.Namespace) -> int:
     )
     runs: list[dict[str, Any]] = []
     status = 0
+    if args.interleave:
+        runs, status = _run_interleaved(args, configs, plan, labels, workload, out_dir, log)
     for i, (label, config) in enumerate(zip(labels, plan, strict=True), start=1):
+        if args.interleave:
+            break
         argv = [*shlex.split(args.up_cmd), "--json", *configs[config]]
         record: dict[str, Any] = {
             "label": label,

@@ -20,7 +20,9 @@ from typing import Any
 
 # (where, key, display name); where = "result" (vLLM keys), "cache", "decode"/"prefill"
 # counters, "outputs" (the group's generated texts against the first run's: greedy runs of
-# every configuration must agree), or "probe" (per phase)
+# every configuration must agree), "host" (the host's CPU while the group ran: a run whose
+# CPUs were stolen by other guests is slower for it, bench/ab/host_cpu.py), or "probe" (per
+# phase)
 WORKLOAD_METRICS: tuple[tuple[str, str, str], ...] = (
     ("result", "completed", "Successful requests"),
     ("result", "failed", "Failed requests"),
@@ -40,6 +42,8 @@ WORKLOAD_METRICS: tuple[tuple[str, str, str], ...] = (
     ("decode", "kv_bytes_received", "D KV bytes received"),
     ("decode", "local_requests", "D local requests (prefilled on D)"),
     ("prefill", "local_hit_tokens", "P local hit tokens"),
+    ("host", "steal_pct", "Host CPU steal (%)"),
+    ("host", "busy_pct", "Host CPU busy (%)"),
 )
 PROBE_METRICS: tuple[tuple[str, str], ...] = (
     ("requests_ok", "Probe requests ok"),
@@ -84,6 +88,8 @@ def run_values(run: dict[str, Any]) -> dict[tuple[str, str], tuple[str, float | 
                 value = group["result"].get("cache_report", {}).get(key)
             elif where == "outputs":
                 value = group.get(key)
+            elif where == "host":
+                value = (group.get("host") or {}).get(key)
             else:
                 value = group.get("counters", {}).get(where, {}).get(key)
             metric = key if where in ("result", "cache", "outputs") else f"{where}_{key}"

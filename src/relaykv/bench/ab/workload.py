@@ -19,13 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from relaykv.bench.ab.host_cpu import CpuTimes, cpu_shares, read_cpu_times, summed_interval
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
 from relaykv.bench.metrics import compute_metrics
+from relaykv.bench.outcome import RequestOutcome
 from relaykv.bench.runner import LoadShape, run_requests
 from relaykv.bench.serve.report import RunDescription, build_result
 from relaykv.bench.server_info import ServerError
-from relaykv.common.workloads import generated_shared_prefix_requests, prefix_repetition_requests
+from relaykv.common.workloads import (
+    SampleRequest,
+    generated_shared_prefix_requests,
+    prefix_repetition_requests,
+)
 
 GROUP_PATTERN = re.compile(r"^(?:(gsp):)?c(\d+)/output(\d+):(\d+)$")
 DEFAULT_GROUPS: tuple[str, ...] = ("c1/output1:8", "c8/output1:40", "c8/output128:40")
@@ -78,6 +84,8 @@ class GroupResult:
     counters: dict[str, Counters]
     errors: list[str] = field(default_factory=list)
     outputs: list[str | None] = field(default_factory=list)  # generated texts, request order
+    # the host's CPU while the group ran: steal_pct, busy_pct (host_cpu.py; {}: unknown)
+    host: dict[str, float] = field(default_factory=dict)
 
 
 async def _counters(cluster: ClusterUrls, log: Callable[[str], None]) -> dict[str, Counters | None]:
@@ -101,6 +109,75 @@ def _deltas(
     return deltas
 
 
+def group_requests(workload: Workload, index: int, vocab_size: int) -> list[SampleRequest]:
+    """The measured requests of group `index` (the same for every configuration)."""
+    group = workload.groups[index]
+    if group.shared_prefix:
+        return generated_shared_prefix_requests(
+            vocab_size,
+            num_groups=workload.num_prefixes,
+            prompts_per_group=group.num_prompts // workload.num_prefixes,
+            system_prompt_len=workload.prefix_len,
+            question_len=workload.suffix_len,
+            output_len=group.output_len,
+            range_ratio=1.0,
+            seed=workload.seed + index,
+        )
+    return prefix_repetition_requests(
+        group.num_prompts,
+        vocab_size,
+        prefix_len=workload.prefix_len,
+        suffix_len=workload.suffix_len,
+        num_prefixes=workload.num_prefixes,
+        output_len=group.output_len,
+        seed=workload.seed + index,
+    )
+
+
+async def _warm_up(
+    target: ApiTarget, workload: Workload, group: GroupSpec, first: SampleRequest, progress: bool
+) -> None:
+    if workload.num_warmups:
+        await run_requests(
+            target,
+            [replace(first, output_len=1)] * workload.num_warmups,
+            LoadShape(max_concurrency=group.concurrency),
+            progress=progress,
+            desc=f"{group.label} warmup",
+        )
+
+
+def _group_result(
+    workload: Workload,
+    group: GroupSpec,
+    target: ApiTarget,
+    outcomes: list[RequestOutcome],
+    duration_s: float,
+    counters: dict[str, Counters],
+    host: dict[str, float] | None,
+) -> GroupResult:
+    metrics = compute_metrics(outcomes, duration_s, workload.percentiles)
+    description = RunDescription(
+        backend="openai",
+        model_id=target.model,
+        num_prompts=len(outcomes),
+        request_rate=float("inf"),
+        burstiness=1.0,
+        max_concurrency=group.concurrency,
+        label=group.label,
+        percentile_metrics=("ttft", "tpot", "itl", "e2el"),
+    )
+    return GroupResult(
+        group=group.label,
+        result=build_result(description, metrics, duration_s, outcomes),
+        ttfts_ms=[o.ttft * 1000 for o in outcomes if o.success],
+        counters=counters,
+        errors=[o.error for o in outcomes if not o.success][:10],
+        outputs=[o.generated_text if o.success else None for o in outcomes],
+        host=host or {},
+    )
+
+
 async def run_group(
     target: ApiTarget,
     cluster: ClusterUrls,
@@ -112,59 +189,63 @@ async def run_group(
     log: Callable[[str], None] = print,
 ) -> GroupResult:
     group = workload.groups[index]
-    if group.shared_prefix:
-        requests = generated_shared_prefix_requests(
-            vocab_size,
-            num_groups=workload.num_prefixes,
-            prompts_per_group=group.num_prompts // workload.num_prefixes,
-            system_prompt_len=workload.prefix_len,
-            question_len=workload.suffix_len,
-            output_len=group.output_len,
-            range_ratio=1.0,
-            seed=workload.seed + index,
-        )
-    else:
-        requests = prefix_repetition_requests(
-            group.num_prompts,
-            vocab_size,
-            prefix_len=workload.prefix_len,
-            suffix_len=workload.suffix_len,
-            num_prefixes=workload.num_prefixes,
-            output_len=group.output_len,
-            seed=workload.seed + index,
-        )
+    requests = group_requests(workload, index, vocab_size)
+    await _warm_up(target, workload, group, requests[0], progress)
     shape = LoadShape(max_concurrency=group.concurrency, seed=workload.seed + index)
-    if workload.num_warmups:
-        await run_requests(
-            target,
-            [replace(requests[0], output_len=1)] * workload.num_warmups,
-            shape,
-            progress=progress,
-            desc=f"{group.label} warmup",
-        )
     before = await _counters(cluster, log)
+    cpu_before = read_cpu_times()
     run = await run_requests(target, requests, shape, progress=progress, desc=group.label)
+    host = cpu_shares(cpu_before, read_cpu_times())
     after = await _counters(cluster, log)
-    metrics = compute_metrics(run.outcomes, run.duration_s, workload.percentiles)
-    description = RunDescription(
-        backend="openai",
-        model_id=target.model,
-        num_prompts=len(requests),
-        request_rate=float("inf"),
-        burstiness=1.0,
-        max_concurrency=group.concurrency,
-        label=group.label,
-        percentile_metrics=("ttft", "tpot", "itl", "e2el"),
-    )
-    result = build_result(description, metrics, run.duration_s, run.outcomes)
-    return GroupResult(
-        group=group.label,
-        result=result,
-        ttfts_ms=[o.ttft * 1000 for o in run.outcomes if o.success],
-        counters=_deltas(before, after),
-        errors=[o.error for o in run.outcomes if not o.success][:10],
-        outputs=[o.generated_text if o.success else None for o in run.outcomes],
-    )
+    counters = _deltas(before, after)
+    return _group_result(workload, group, target, run.outcomes, run.duration_s, counters, host)
+
+
+async def run_group_interleaved(
+    targets: list[ApiTarget],
+    clusters: list[ClusterUrls],
+    workload: Workload,
+    index: int,
+    vocab_size: int,
+    *,
+    log: Callable[[str], None] = print,
+) -> list[GroupResult]:
+    """Group `index` on every run's cluster at once (`bench ab --interleave`): each run
+    warms up, then the measured requests go in waves of the group's concurrency, every
+    run's wave right after the others' (the run that goes first rotates from wave to
+    wave), so the runs share the host's minutes and a slower stretch of the host slows
+    each of them alike. One result per run, in `targets` order: its waves' requests in
+    request order, its waves' durations summed, its own counters and CPU shares."""
+    group = workload.groups[index]
+    requests = group_requests(workload, index, vocab_size)
+    for target in targets:
+        await _warm_up(target, workload, group, requests[0], progress=False)
+    n = len(targets)
+    before = [await _counters(cluster, log) for cluster in clusters]
+    outcomes: list[list[RequestOutcome]] = [[] for _ in range(n)]
+    durations = [0.0] * n
+    cpu: list[list[CpuTimes]] = [[] for _ in range(n)]
+    shape = LoadShape(max_concurrency=group.concurrency, seed=workload.seed + index)
+    waves = range(0, len(requests), group.concurrency)
+    for w, start in enumerate(waves):
+        wave = requests[start : start + group.concurrency]
+        for k in range(n):
+            i = (w + k) % n
+            cpu_before = read_cpu_times()
+            run = await run_requests(targets[i], wave, shape, progress=False)
+            cpu_after = read_cpu_times()
+            if cpu_before is not None and cpu_after is not None:
+                cpu[i] += [cpu_before, cpu_after]
+            outcomes[i] += run.outcomes
+            durations[i] += run.duration_s
+    results = []
+    for i in range(n):
+        counters = _deltas(before[i], await _counters(clusters[i], log))
+        host = cpu_shares(*summed_interval(cpu[i])) if cpu[i] else None
+        results.append(
+            _group_result(workload, group, targets[i], outcomes[i], durations[i], counters, host)
+        )
+    return results
 
 
 def count_differing_outputs(runs: list[dict[str, Any]]) -> None:
