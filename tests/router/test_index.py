@@ -171,3 +171,20 @@ def test_tier_events_make_tier_blocks_reachable_at_a_cost() -> None:
         assert [set(m) for m in index.tier.maps] == [set(m) for m in engine.tier.index.maps]
         assert [set(m) for m in index.maps] == [set(m) for m in engine.pool.maps]
     assert mixed > 0  # some hits reached into the tier
+
+
+def test_prefill_cap_memo_answers_as_kvcache_does() -> None:
+    # `_prefill_cap` keeps its last answers by the request's lengths and the reach: asked in
+    # any order for requests of any lengths, it answers what kvcache's rule computes.
+    from relaykv.kvcache.pd_plan import prefill_hit_cap
+
+    geo = geometry("full:16", "sliding:16:32", draft=0)
+    rng = random.Random(9)
+    index = EngineIndex(geo, "prefill", sibling_reach=64)
+    requests = [index.request(list(range(rng.randrange(1, 600)))) for _ in range(12)]
+    for _ in range(200):
+        req, reach = rng.choice(requests), rng.random() < 0.5
+        expected = prefill_hit_cap(
+            geo, index.rules, index.pd_policy, req, index.sibling_reach if reach else 0
+        )
+        assert index._prefill_cap(req, reach) == expected

@@ -49,19 +49,24 @@ class PromptCounts:
     """How many of one prompt's keys in one group each slot holds (one pass over the
     holders map, then numpy)."""
 
-    __slots__ = ("_array", "_held_from_0")
+    __slots__ = ("_array", "_held_from_0", "_runs")
 
     def __init__(self, holders: KeyHolders, group: int, keys: Sequence[bytes]) -> None:
         self._array = holders.group(group).values(keys)
         self._held_from_0: np.ndarray | None = None
+        self._runs: dict[int, int] = {}
 
     def run(self, slot: int, limit: int) -> int:
         """The run of keys from key 0 that `slot` holds, within the first `limit`: kvcache's
         `matched_blocks` on that engine's map, without probing it."""
-        if self._held_from_0 is None:  # per key, the slots holding every key up to it
-            self._held_from_0 = np.bitwise_and.accumulate(self._array)
-        held = self._held_from_0[: max(0, limit)] & np.uint64(1 << slot)
-        return int(np.count_nonzero(held))  # the bits only clear along the keys
+        run = self._runs.get(slot)
+        if run is None:
+            if self._held_from_0 is None:  # per key, the slots holding every key up to it
+                self._held_from_0 = np.bitwise_and.accumulate(self._array)
+            # a slot's bit only clears along the keys: it is set exactly on its run
+            held = self._held_from_0 & np.uint64(1 << slot)
+            run = self._runs[slot] = int(np.count_nonzero(held))
+        return min(run, max(0, limit))
 
     def held(self, slot: int) -> int:
         return int(np.count_nonzero(self._array & np.uint64(1 << slot)))

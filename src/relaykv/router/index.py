@@ -103,6 +103,7 @@ class EngineIndex:
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
+        self._caps: dict[tuple[int, int, int], int] = {}  # `_prefill_cap`'s recent answers
         if self.holders is not None and self.slot is None:
             self.slot = self.holders.slot()
 
@@ -223,10 +224,19 @@ class EngineIndex:
 
     def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
         """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
-        (the engine attaches them when cached), an upper bound of what it may take."""
-        return prefill_hit_cap(
-            self.geometry, self.rules, self.pd_policy, req, self.sibling_reach if reach else 0
-        )
+        (the engine attaches them when cached), an upper bound of what it may take. It
+        depends on the request only through its lengths: the last few are kept (a decision
+        asks for a request's cap up to three times)."""
+        reach_tokens = self.sibling_reach if reach else 0
+        key = (req.num_prompt_tokens, req.num_tokens, reach_tokens)
+        cap = self._caps.get(key)
+        if cap is None:
+            if len(self._caps) >= 4:
+                self._caps.clear()
+            cap = self._caps[key] = prefill_hit_cap(
+                self.geometry, self.rules, self.pd_policy, req, reach_tokens
+            )
+        return cap
 
     def local_hit(
         self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
