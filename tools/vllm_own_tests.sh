@@ -1,7 +1,8 @@
 #!/bin/bash
 # Run vLLM 0.33.0's own scheduler, prefix-caching, hybrid-allocator and KV-connector
-# scheduler-side unit tests twice, without and with relaykv.vllm (docs/vllm.md "vLLM's own
-# tests"), and compare. vLLM's tests ship in its sdist only: pip downloads it (its metadata
+# scheduler-side unit tests three times: without relaykv.vllm (stock), with it (its default
+# per-group policy) and with it under pd_policy=legacy (which must be stock vLLM exactly);
+# then compare (docs/vllm.md "vLLM's own tests"). vLLM's tests ship in its sdist only: pip downloads it (its metadata
 # step needs setuptools-rust and the version override). Needs the vLLM venv (tools/vllm_venv.sh).
 #   tools/vllm_own_tests.sh [WORKDIR (default a temp dir)] [TEST PATHS...]
 set -euo pipefail
@@ -40,13 +41,15 @@ cd "$WORK/vllm-0.33.0"
 export PYTHONPATH="$ROOT/src:$WORK/shim" VLLM_LOGGING_LEVEL=ERROR HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1
 # One pytest session per file: vLLM's test helpers register connectors at import and
 # clash when two directories share a session.
-for mode in stock plugin; do
+for mode in stock plugin legacy; do
   extra=(-p relaykv_own_suite.own_suite_env)
-  [ $mode = plugin ] && extra+=(-p relaykv_own_suite.own_suite_plugin)
+  [ $mode != stock ] && extra+=(-p relaykv_own_suite.own_suite_plugin)
+  settings=""
+  [ $mode = legacy ] && settings='{"pd_policy": "legacy"}'
   for i in "${!TESTS[@]}"; do
-    "$PY" -m pytest "${TESTS[$i]}" -q -p no:cacheprovider -o addopts="" "${extra[@]}" \
-      --junitxml="$WORK/$mode-$i.xml" > "$WORK/$mode-$i.log" 2>&1 || true
+    RELAYKV_OWN_SUITE_SETTINGS="$settings" "$PY" -m pytest "${TESTS[$i]}" -q -p no:cacheprovider \
+      -o addopts="" "${extra[@]}" --junitxml="$WORK/$mode-$i.xml" > "$WORK/$mode-$i.log" 2>&1 || true
     echo "$mode ${TESTS[$i]}: $(tail -1 "$WORK/$mode-$i.log")"
   done
 done
-"$PY" "$ROOT/tests/vllm/own_suite_compare.py" "$WORK" ${#TESTS[@]}
+"$PY" "$ROOT/tests/vllm/own_suite_compare.py" "$WORK" ${#TESTS[@]} plugin legacy

@@ -1,5 +1,6 @@
-"""Compare two JUnit XML reports of vLLM's own tests, without and with the plugin
-(tools/vllm_own_tests.sh): which ran, which passed in both, which pass only without it."""
+"""Compare JUnit XML reports of vLLM's own tests without the plugin and with it, under its
+default policy and under `legacy` (tools/vllm_own_tests.sh): which ran, which passed in
+both, which pass only without it."""
 
 from __future__ import annotations
 
@@ -26,31 +27,39 @@ def outcomes(path: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def main(work: str, count: str) -> int:
-    """Reads `WORK/stock-I.xml` and `WORK/plugin-I.xml` for I < count."""
-    stock: dict[str, tuple[str, str]] = {}
-    plugin: dict[str, tuple[str, str]] = {}
-    for i in range(int(count)):
-        for into, mode in ((stock, "stock"), (plugin, "plugin")):
+def main(work: str, count: str, *modes: str) -> int:
+    """Reads `WORK/MODE-I.xml` for I < count, MODE `stock` and each of `modes` (default
+    `plugin`), and compares each mode with stock."""
+    runs: dict[str, dict[str, tuple[str, str]]] = {}
+    for mode in ("stock", *(modes or ("plugin",))):
+        runs[mode] = {}
+        for i in range(int(count)):
             try:
-                into.update(outcomes(f"{work}/{mode}-{i}.xml"))
+                runs[mode].update(outcomes(f"{work}/{mode}-{i}.xml"))
             except (OSError, ET.ParseError):
                 print(f"no report: {work}/{mode}-{i}.xml")
-    both: Counter[tuple[str, str]] = Counter()
-    lost = []
-    for name, (state, _) in stock.items():
-        theirs = plugin.get(name, ("missing", ""))
-        both[(state, theirs[0])] += 1
-        if state == "passed" and theirs[0] != "passed":
-            lost.append((name, theirs[1]))
+    stock = runs.pop("stock")
     print(f"tests: {len(stock)}")
-    for (a, b), n in sorted(both.items()):
-        print(f"  without plugin {a:8} -> with plugin {b:8}: {n}")
-    print(f"pass without the plugin, not with it: {len(lost)}")
-    for name, message in lost:
-        print(f"  {name}: {message}")
+    for mode, theirs in runs.items():
+        both: Counter[tuple[str, str]] = Counter()
+        lost, changed = [], []
+        for name, (state, _) in stock.items():
+            other = theirs.get(name, ("missing", ""))
+            both[(state, other[0])] += 1
+            if state == "passed" and other[0] != "passed":
+                lost.append((name, other[1]))
+            elif state != other[0]:
+                changed.append((name, f"{state} -> {other[0]}"))
+        print(f"{mode}:")
+        for (a, b), n in sorted(both.items()):
+            print(f"  without plugin {a:8} -> {mode} {b:8}: {n}")
+        print(f"  pass without the plugin, not under {mode}: {len(lost)}")
+        for name, message in lost:
+            print(f"    {name}: {message}")
+        for name, message in changed:
+            print(f"  other change: {name}: {message}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))

@@ -160,7 +160,11 @@ class RelayKVCacheManager(VllmKVCacheManager):
         if load is None:
             return True
         if load.pending:
-            self.relay.load_finished(load, ok)
+            for settled in self.relay.load_finished(load, ok):
+                # The received blocks are keyed now: name them (mirror.py).
+                waiting = self._requests.get(settled.request.request_id)
+                if waiting is not None:
+                    self.names.name(waiting, settled.request)
         return load.delivered
 
     # -- vLLM's surface -------------------------------------------------------------------
@@ -362,6 +366,7 @@ class RelayKVCacheManager(VllmKVCacheManager):
         creq = self.cache_request(request)
         self._commit(request, creq, request.num_computed_tokens - request.num_in_flight_tokens)
         held = self.relay.hold_for_transfer(creq)
+        self.names.name(request, creq)
         return tuple([block for _, block in group] for group in held)
 
     def receive_blocks(self, request: Request) -> KVCacheBlocks:

@@ -21,9 +21,9 @@ relaykv's state when it is read: nothing is copied per step, so a view cannot dr
 
 relaykv keys blocks with its own hashes; vLLM names the same prefix with its block hashes
 (`request.block_hashes`, at the pool's `hash_block_size`). `BlockNames` pairs the two per
-group, for every full block of every request the plugin opens, as the request's hashes
-grow; pairs whose key is neither cached nor a live request's are dropped once they
-outnumber twice the pool.
+group for every block relaykv caches (after each of the plugin's calls that may key
+blocks, over the blocks considered since); pairs whose key left the cache are dropped once
+they outnumber twice the pool.
 
 The views are read-only: an attempt to change one (vLLM's own pool operations) raises, as
 relaykv's pool is the only one that allocates.
@@ -76,35 +76,42 @@ class BlockNames:
         groups = range(len(relay.rules))
         self.of_key: list[dict[bytes, BlockHash]] = [{} for _ in groups]
         self.of_hash: list[dict[BlockHash, bytes]] = [{} for _ in groups]
-        # request id -> ((vLLM hashes, relaykv tokens) seen, blocks named per group)
-        self._named: dict[str, tuple[tuple[int, int], list[int]]] = {}
+        # request id -> (vLLM's hash list, relaykv's request, blocks checked per group)
+        self._named: dict[str, tuple[list[BlockHash], CacheRequest, list[int]]] = {}
         self._limit = [2 * relay.pool.num_blocks for _ in groups]
 
     def name(self, request: Request, creq: CacheRequest) -> None:
-        """Pair the keys of `creq`'s full blocks with `request`'s vLLM hashes (call after
-        every change that may add tokens or keys; cheap while nothing grew)."""
-        hashes = request.block_hashes
-        # relaykv's successor keys grow with tokens, vLLM's hashes with full blocks.
-        now = (len(hashes), creq.num_tokens)
-        seen, done = self._named.get(creq.request_id, ((-1, -1), []))
-        if now == seen:
+        """Pair each key relaykv cached of `creq`'s blocks with `request`'s vLLM hash of the
+        same block. Call after every change that may key blocks: it checks the blocks
+        relaykv considered for keying since (`num_cached_blocks`), nothing while none."""
+        entry = self._named.get(creq.request_id)
+        if entry is None:
+            entry = (request.block_hashes, creq, [0] * len(self.scale))
+            self._named[creq.request_id] = entry
+        elif entry[2] == creq.num_cached_blocks:
             return
-        if not done:
-            done = [0] * len(self.scale)
-        self._named[creq.request_id] = (now, done)  # live before any pruning below
+        self._name(*entry)
+
+    def _name(self, hashes: list[BlockHash], creq: CacheRequest, done: list[int]) -> None:
+        maps = self.relay.pool.maps
         for g, s in enumerate(self.scale):
-            keys = creq.keys(g)
-            end = min(len(keys), len(hashes) // s)
-            start = done[g]
+            end = min(creq.num_cached_blocks[g], len(hashes) // s)
+            start, done[g] = done[g], end
             if end <= start:
                 continue
-            names = hashes[(start + 1) * s - 1 : end * s : s]
-            new = keys[start:end]
-            self.of_key[g].update(zip(new, names, strict=True))
-            self.of_hash[g].update(zip(names, new, strict=True))
-            done[g] = end
-            if len(self.of_key[g]) > self._limit[g]:
-                self._prune(g)
+            cached = maps[g]
+            pairs = [
+                (key, name)
+                for key, name in zip(
+                    creq.keys(g)[start:end], hashes[(start + 1) * s - 1 : end * s : s], strict=True
+                )
+                if key in cached
+            ]
+            if pairs:
+                self.of_key[g].update(pairs)
+                self.of_hash[g].update((name, key) for key, name in pairs)
+                if len(self.of_key[g]) > self._limit[g]:
+                    self._prune(g)
 
     def forget(self, request_id: str) -> None:
         """`request_id` left relaykv's cache: its pairs stay while its keys are cached."""
@@ -112,15 +119,26 @@ class BlockNames:
 
     def _prune(self, g: int) -> None:
         cached = self.relay.pool.maps[g]
-        live: set[bytes] = set()
-        for request_id, (_, done) in self._named.items():
-            creq = self.relay.requests.get(request_id)
-            if creq is not None:
-                live.update(creq.keys(g)[: done[g]])
-        kept = {k: h for k, h in self.of_key[g].items() if k in cached or k in live}
+        kept = {k: h for k, h in self.of_key[g].items() if k in cached}
         self.of_key[g] = kept
         self.of_hash[g] = {h: k for k, h in kept.items()}
         self._limit[g] = max(2 * self.relay.pool.num_blocks, 2 * len(kept))
+
+    def _find(self, block: int, group: int) -> BlockHash | None:
+        """The name of a keyed block `name` has not seen keyed (a P/D load keys received
+        blocks before relaykv counts them considered): found in a live request's table."""
+        key = self.relay.pool.block_key[block]
+        s = self.scale[group]
+        for hashes, creq, _ in self._named.values():
+            table = creq.tables[group]
+            keys = creq.keys(group)
+            for k in range(min(len(table), len(keys), len(hashes) // s)):
+                if table[k] == block and keys[k] == key:
+                    name = hashes[(k + 1) * s - 1]
+                    self.of_key[group][keys[k]] = name
+                    self.of_hash[group][name] = keys[k]
+                    return name
+        return None
 
     def block_hash(self, block: int) -> BlockHashWithGroupId | None:
         """vLLM's hash of the key `block` carries in relaykv's pool (None: unkeyed)."""
@@ -129,7 +147,7 @@ class BlockNames:
         if key is None:
             return None
         group = pool.block_group[block]
-        name = self.of_key[group].get(key)
+        name = self.of_key[group].get(key) or self._find(block, group)
         if name is None:
             raise RuntimeError(
                 f"relaykv.vllm: block {block} carries a key with no vLLM block hash "
