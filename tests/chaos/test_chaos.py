@@ -33,9 +33,10 @@ ENGINE_ARGS = ["--num-prefill", "2", "--num-decode", "2", "--num-blocks", "400",
                # grants the tests take from P and never let D read are freed at lease
                # expiry; a short lease keeps each check's settling short (CI time)
                "--kv-lease-seconds", "8",
-               # decode engines take local requests however many streams they run, so the
-               # kill below hits several at once (the default lets a busy D send them via P)
-               "--conditional-max-running", "64"]
+               # decode engines take local requests however many streams they run and
+               # however much local prefill they have queued, so the kill below hits several
+               # at once (the defaults send siblings via P to a D that decodes or is queued)
+               "--conditional-max-running", "64", "--conditional-max-queued-prefill", "4096"]
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 

@@ -102,6 +102,8 @@ async def test_metrics_parse_typed_and_count_every_response() -> None:
     assert requests.type == "counter" and requests.samples[0].value == 4
     healthy = {s.labels["url"]: s.value for s in families["relaykv:router_engine_healthy"].samples}
     assert healthy == {P1: 1.0, D1: 1.0}
+    streams = {s.labels["url"]: s.value for s in families["relaykv:router_engine_streams"].samples}
+    assert streams == {P1: 0.0, D1: 0.0}  # every answer has ended
 
 
 async def test_health_reports_the_current_state() -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from relaykv.common.messages.api_errors import LOCAL_ADMISSION_REFUSED
+from relaykv.router.intake import ClientBody
 from relaykv.router.policy import ConditionalRule, PathChoice
 from relaykv.router.relay import Router
 from relaykv.router.routing import Routing
@@ -208,3 +209,28 @@ async def test_a_streamed_local_request_is_relayed() -> None:
         resp = await client.post("/v1/completions", json={**BODY, "stream": True})
         assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
     assert [u for u, _ in engines.calls] == [D1]
+
+
+async def test_a_stream_dropped_unread_gives_its_counts_back() -> None:
+    """A client that leaves before the first byte: Starlette never reads the relay, whose
+    `finally` then never runs. Collected, it still counts the stream out of the engine (a
+    leaked stream would keep local requests off D for good) and unqueues its local prefill
+    (which would fill D's queue cap)."""
+    import gc
+
+    engines = HeldStreams()
+    router = _router(HeldPrefix(), [D1])
+    router.client = httpx.AsyncClient(transport=httpx.MockTransport(engines))
+    d1 = router.decode.backends[0]
+    decision = router.routing.pick(router.decode, set(), None)
+    assert decision is not None
+    decision.local_prefill = 3
+    router.in_flight = 1  # the request's own count, as `Router.handle` holds it
+    body = ClientBody.parse(json.dumps({**BODY, "stream": True}).encode())
+    response = await router._local(decision, "/v1/completions", body, {})
+    assert (d1.in_flight, d1.streams, router.routing.in_flight.queued_prefill(D1)) == (1, 1, 3)
+    del response
+    gc.collect()
+    assert (d1.in_flight, d1.streams, router.routing.in_flight.queued_prefill(D1)) == (0, 0, 0)
+    assert router.in_flight == 0
+    await asyncio.sleep(0)  # the engine's stream is closed on the loop

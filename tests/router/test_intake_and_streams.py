@@ -96,6 +96,8 @@ async def test_every_stream_ends_with_done(how: str) -> None:
     assert '"error"' in events[1]
     assert events[-1] == "data: [DONE]"
     assert router.in_flight == 0
+    d1 = router.decode.backends[0]
+    assert (d1.in_flight, d1.streams) == (0, 0)  # a broken stream is counted out too
 
 
 async def test_a_draining_router_refuses_new_requests() -> None:

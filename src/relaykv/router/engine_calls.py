@@ -10,6 +10,9 @@ one that breaks or ends early gets an in-band error event, and every stream ends
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -95,9 +98,13 @@ class EngineCalls:
         if opened is None or opened.status_code != 200:
             backend.streams -= decodes
             return None if opened is None else relayed(opened)
-        return StreamingResponse(
-            self._relay_stream(pool, backend, opened, decodes), media_type="text/event-stream"
-        )
+        counts = _StreamCounts(backend, decodes, self._on_stream_end)
+        relay = self._relay_stream(pool, backend, opened, counts)
+        # A relay dropped unread (the client left before the first byte: its `finally`
+        # never runs) gives its counts back when it is collected, and closes the engine's
+        # stream: a leaked stream would keep local requests off that engine for good.
+        weakref.finalize(relay, counts.release, opened)
+        return StreamingResponse(relay, media_type="text/event-stream")
 
     async def _open_stream(
         self, pool: BackendPool, backend: Backend, path: str, body: bytes, headers: dict
@@ -127,7 +134,7 @@ class EngineCalls:
         return resp
 
     async def _relay_stream(
-        self, pool: BackendPool, backend: Backend, resp: httpx.Response, decodes: bool = False
+        self, pool: BackendPool, backend: Backend, resp: httpx.Response, counts: _StreamCounts
     ) -> AsyncIterator[bytes]:
         """Pass the engine's SSE bytes through; a client that goes away closes the engine's
         stream too. Every stream ends with `data: [DONE]`, a broken one after an in-band
@@ -149,10 +156,29 @@ class EngineCalls:
                     yield sse_error("the decode engine ended the stream early", 502)
                 yield DONE
         finally:
-            backend.in_flight -= 1
-            backend.streams -= decodes
-            self._on_stream_end()
+            counts.release()
             await resp.aclose()
+
+
+class _StreamCounts:
+    """What an open stream holds: the engine's `in_flight` (and `streams` when it decodes)
+    and the router's request count (`on_end`); released once, when the relay ends or is
+    collected unread."""
+
+    def __init__(self, backend: Backend, decodes: bool, on_end: Callable[[], None]) -> None:
+        self.backend, self.decodes, self.on_end = backend, decodes, on_end
+        self.held = True
+
+    def release(self, unread: httpx.Response | None = None) -> None:
+        if not self.held:
+            return
+        self.held = False
+        self.backend.in_flight -= 1
+        self.backend.streams -= self.decodes
+        self.on_end()
+        if unread is not None:  # collected unread: close the engine's stream when we can
+            with contextlib.suppress(RuntimeError):  # no running loop: the client closes it
+                asyncio.get_running_loop().create_task(unread.aclose())
 
 
 def relayed(resp: httpx.Response) -> Response:

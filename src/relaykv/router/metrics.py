@@ -15,6 +15,7 @@ samples (docs/metrics.md "Router metrics").
 | relaykv:router_stream_errors | counter | decode streams that broke after they started |
 | relaykv:router_engine_healthy | gauge | role, url: 1 in rotation, 0 out |
 | relaykv:router_engine_in_flight | gauge | role, url: requests in flight through this router |
+| relaykv:router_engine_streams | gauge | role, url: of those, asking for more than one token |
 """
 
 from __future__ import annotations
@@ -109,11 +110,19 @@ class RouterCollector(Collector):
             "Requests in flight to an engine through this router.",
             labels=["role", "url"],
         )
+        streams = GaugeMetricFamily(
+            "relaykv:router_engine_streams",
+            "Requests in flight to an engine through this router that ask for more than one "
+            "token (streams it decodes), until their answer ends.",
+            labels=["role", "url"],
+        )
         for b in self.backends:
             healthy.add_metric([b.role, b.url], 1.0 if b.healthy else 0.0)
             in_flight.add_metric([b.role, b.url], b.in_flight)
+            streams.add_metric([b.role, b.url], b.streams)
         yield healthy
         yield in_flight
+        yield streams
 
 
 def router_registry(stats: RouterStats, backends: Iterable[Backend]) -> CollectorRegistry:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,11 @@ class InFlight:
         """`chunks`, ending this entry at the first one (handed off now, not when the
         stream starts: leaving `with` must not end it)."""
         self._handed_off = True
-        return self._ends_at_first(chunks)
+        relay = self._ends_at_first(chunks)
+        # Dropped unread (the client left before the first byte), it ends the entry when
+        # collected: its local prefill must not stay queued on the engine.
+        weakref.finalize(relay, self.done)
+        return relay
 
     async def _ends_at_first(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
         try:
