@@ -285,11 +285,12 @@ class EngineIndex:
     def hit_bound(
         self, req: CacheRequest, counts: Callable[[int], PromptCounts] | None = None
     ) -> int:
-        """A cheap upper bound of `usable_hit(req)`: in each full group, the first missing
-        block among one probed per stride bounds the run kvcache's lookup would match from
-        block 0; for a `per-group` decode engine, the count of blocks held in the full
-        groups. A router evaluates the
-        exact hit only where this bound can still win (docs/routing.md "Cost")."""
+        """A cheap upper bound of `usable_hit(req)`: in each full group, the run kvcache's
+        lookup would match from block 0 (read from the role's holders pass when `counts` is
+        given and no KV tier is involved, else bounded by the first missing block among one
+        probed per stride); for a `per-group` decode engine, the count of blocks held in the
+        full groups. A router evaluates the exact hit only where this bound can still win
+        (docs/routing.md "Cost")."""
         n = req.num_prompt_tokens
         if n <= 1:
             return 0
