@@ -47,6 +47,7 @@ from relaykv.kvcache.request import CacheRequest, KVLoad
 from relaykv.vllm.events import to_vllm_event
 from relaykv.vllm.mirror import adopt_blocks
 from relaykv.vllm.options import PluginOptions
+from relaykv.vllm.request_salt import request_salt
 
 # The transfer parameter naming the relaykv policy the prefill engine ran (both sides).
 POLICY_PARAM = "relaykv_pd_policy"
@@ -128,7 +129,7 @@ class RelayKVCacheManager(VllmKVCacheManager):
             creq = self.relay.add_request(
                 request.request_id,
                 list(request.all_token_ids),
-                salt=request.cache_salt,
+                salt=request_salt(request),
                 role=request_role(request),
             )
             self._requests[request.request_id] = request
