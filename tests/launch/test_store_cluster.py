@@ -161,9 +161,18 @@ def test_restart_warm_from_the_store_master_loss_and_no_leaks(tmp_path) -> None:
                 break
             assert time.monotonic() < deadline, "the store's keys never settled"
             settled = now
-        _kill_and_restart(cluster, supervisor, decode)
-        assert _complete(router, yb) == expected["yb"]
-        assert _metric(decode.url, "relaykv:kv_bytes_from_tier_total") > 0
+        # A restarted D's first store lookups are bounded (`probe_timeout`, 0.25 s: a lookup
+        # never stalls on a slow master) and may miss on a loaded CI host, right after the
+        # master's restart; then x+b rightly comes from P. A restarted D that never takes a
+        # block from the store in three tries is the failure.
+        for attempt in range(3):
+            _kill_and_restart(cluster, supervisor, decode)
+            assert _complete(router, yb) == expected["yb"]
+            if _metric(decode.url, "relaykv:kv_bytes_from_tier_total") > 0:
+                break
+            print(f"try {attempt + 1}: the restarted D took nothing from the store")
+        else:
+            raise AssertionError("a restarted D never took a block from the restarted master")
 
         # Engines stopped, the master still up: nothing of theirs is left in the store.
         for member in cluster.members:
