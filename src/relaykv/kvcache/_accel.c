@@ -42,18 +42,21 @@
  *       as its bytes, as in a dict). `values(keys)` probes a prompt's keys in batches whose
  *       slots are prefetched together, so their cache misses overlap instead of following
  *       one another as a dict's do (index, entry, key object); it stays exact when an odd
- *       key's __hash__ or __eq__ runs Python code that changes the table. Methods:
- *       or_bits(keys, bits),
- *       clear_bits(keys, bits), values(keys) -> native uint64 bytes (0: absent), items(),
- *       len(). The reference is accel.KeyMasksPy (a dict).
+ *       key's __hash__ or __eq__ runs Python code that changes the table. A table of 2 MiB
+ *       or more asks for transparent huge pages (fewer TLB misses; tracemalloc still counts
+ *       it). Methods: or_bits(keys, bits), clear_bits(keys, bits), values(keys) -> native
+ *       uint64 bytes (0: absent), items(), len(). The reference is accel.KeyMasksPy (a dict).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 #ifndef _WIN32
 #include <dlfcn.h>
+#include <sys/mman.h>
 #define RELAYKV_HAVE_DLOPEN 1
+#define RELAYKV_POSIX 1
 #endif
 
 /* xxhash's XXH128_hash_t and XXH3_128bits (xxhash.h, stable since 0.8.0). */
@@ -214,10 +217,14 @@ static inline void
 store_le32(unsigned char *p, int32_t v)
 {
     uint32_t u = (uint32_t)v;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &u, 4);
+#else
     p[0] = (unsigned char)u;
     p[1] = (unsigned char)(u >> 8);
     p[2] = (unsigned char)(u >> 16);
     p[3] = (unsigned char)(u >> 24);
+#endif
 }
 
 static PyObject *
@@ -241,7 +248,19 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    /* Exact ints of one digit, read straight from the items array: no Python code runs in
+     * this loop, so the sequence cannot change under it. The first other item ends it. */
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        int32_t v;
+        if (!compact_int(items[i], &v)) {
+            break;
+        }
+        store_le32(p, v);
+        p += 4;
+    }
+    for (; i < n; i++) {
         PyObject *item = item_at(seq, i);
         int32_t v;
         if (item == NULL) {
@@ -268,13 +287,22 @@ fail:
 
 /* XXH128_canonicalFromHash: the digest's bytes, big-endian high then low half, as xxhash's
  * xxh3_128_digest returns them. */
-static void
+static inline void
 canonical(xxh128_value h, unsigned char *b)
 {
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* two 8-byte stores: the chain's next hash reads these bytes back at once, and a load
+     * spanning several narrower stores is not forwarded from them (it waits for the cache) */
+    uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+    memcpy(b, &hi, 8);
+    memcpy(b + 8, &lo, 8);
+#else
     for (int i = 0; i < 8; i++) {
         b[i] = (unsigned char)(h.high64 >> (56 - 8 * i));
         b[8 + i] = (unsigned char)(h.low64 >> (56 - 8 * i));
     }
+#endif
 }
 
 /* `chain` with direct_xxh3: every unit's material is built in one reused buffer (the previous
@@ -496,7 +524,9 @@ typedef struct {
     PyObject *odd; /* keys that are not 16-byte bytes: key -> mask */
 } KeyMasks;
 
+#ifndef KM_BATCH
 #define KM_BATCH 16
+#endif
 #if defined(__GNUC__) || defined(__clang__)
 #define KM_PREFETCH(p) __builtin_prefetch(p)
 #else
@@ -542,10 +572,50 @@ km_find(const KeyMasks *t, size_t i, uint64_t k0, uint64_t k1)
     return i;
 }
 
+/* A zeroed slot array. A table of 2 MiB or more is placed on 2 MiB boundaries and, on Linux,
+ * offered transparent huge pages: a prompt's probes land anywhere in it, and with 4 KiB pages
+ * nearly every probe also misses the TLB (a page walk before the cache miss). */
+#define KM_HUGE ((size_t)2 << 20)
+#define KM_TRACE_DOMAIN 0x726b76u /* tracemalloc counts the tables ("rkv"), as numpy's arrays */
+static km_slot *
+km_alloc(size_t cap)
+{
+    size_t size = cap * sizeof(km_slot);
+    void *p = NULL;
+#ifdef RELAYKV_POSIX
+    if (size >= KM_HUGE) {
+        if (posix_memalign(&p, KM_HUGE, size) != 0) {
+            return NULL;
+        }
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, size, MADV_HUGEPAGE); /* advice only: nothing depends on it */
+#endif
+        memset(p, 0, size);
+    }
+#endif
+    if (p == NULL) {
+        p = calloc(cap, sizeof(km_slot));
+        if (p == NULL) {
+            return NULL;
+        }
+    }
+    (void)PyTraceMalloc_Track(KM_TRACE_DOMAIN, (uintptr_t)p, size);
+    return (km_slot *)p;
+}
+
+static void
+km_free(km_slot *slots)
+{
+    if (slots != NULL) {
+        (void)PyTraceMalloc_Untrack(KM_TRACE_DOMAIN, (uintptr_t)slots);
+        free(slots);
+    }
+}
+
 static int
 km_resize(KeyMasks *t, size_t cap)
 {
-    km_slot *slots = PyMem_Calloc(cap, sizeof(km_slot));
+    km_slot *slots = km_alloc(cap);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -560,7 +630,7 @@ km_resize(KeyMasks *t, size_t cap)
             t->slots[i] = old[j];
         }
     }
-    PyMem_Free(old);
+    km_free(old);
     return 0;
 }
 
@@ -640,7 +710,7 @@ static void
 km_dealloc(KeyMasks *t)
 {
     PyObject_GC_UnTrack(t);
-    PyMem_Free(t->slots);
+    km_free(t->slots);
     Py_XDECREF(t->odd);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
