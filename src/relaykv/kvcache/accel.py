@@ -94,6 +94,15 @@ def values_u64_py(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.nda
     return np.fromiter(map(mapping.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
 
 
+def _mask_bits(bits: int) -> int:
+    """`bits` checked as the C table checks them: an int in [0, 2**64)."""
+    if not isinstance(bits, int):
+        raise TypeError(f"bits must be an int, not {type(bits).__name__}")
+    if not 0 <= bits < 2**64:
+        raise OverflowError(f"bits {bits} outside [0, 2**64)")
+    return bits
+
+
 class KeyMasksPy:
     """`KeyMasks` in Python: a dict of key -> non-zero uint64 bitmask (the reference the C
     table is tested against, and the fallback without the accelerator)."""
@@ -109,12 +118,14 @@ class KeyMasksPy:
     def or_bits(self, keys: Iterable[bytes], bits: int) -> None:
         """Each key's mask |= `bits`."""
         masks, get = self._masks, self._masks.get
-        if bits:
+        if _mask_bits(bits):
             for key in keys:
                 masks[key] = get(key, 0) | bits
 
     def clear_bits(self, keys: Iterable[bytes], bits: int) -> None:
         """Each key's mask &= ~`bits`; a key left with none is removed."""
+        if not _mask_bits(bits):
+            return
         masks, keep = self._masks, ~bits
         for key in keys:
             mask = masks.get(key)

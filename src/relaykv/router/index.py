@@ -104,6 +104,7 @@ class EngineIndex:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
         self._caps: dict[tuple[int, int, int], int] = {}  # `_prefill_cap`'s recent answers
+        self._plans: dict[tuple[int, int], PDPlan] = {}  # `_plan`'s recent answers
         if self.holders is not None and self.slot is None:
             self.slot = self.holders.slot()
 
@@ -220,7 +221,15 @@ class EngineIndex:
         return device + int(TIER_WEIGHT * (tiered - device))
 
     def _plan(self, n: int) -> PDPlan:
-        return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
+        """kvcache's P/D plan for an `n`-token prompt on this engine (the last few are kept:
+        a decision asks for it per engine, and kvcache's own cache hashes the geometry)."""
+        key = (n, self.sibling_reach)
+        plan = self._plans.get(key)
+        if plan is None or plan.policy is not self.pd_policy:
+            if len(self._plans) >= 4:
+                self._plans.clear()
+            plan = self._plans[key] = pd_plan(self.geometry, self.pd_policy, n, key[1])
+        return plan
 
     def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
         """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
