@@ -142,7 +142,7 @@ class PrefixChains:
 
     __slots__ = ("_entries", "hits", "max_segments", "misses", "segment_units")
 
-    def __init__(self, segment_units: int = 64, max_segments: int = 1024) -> None:
+    def __init__(self, segment_units: int = 256, max_segments: int = 256) -> None:
         if segment_units < 1 or max_segments < 1:
             raise ValueError("segment_units and max_segments must be >= 1")
         self.segment_units = segment_units

@@ -100,6 +100,7 @@ class EngineIndex:
     def __post_init__(self) -> None:
         self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
+        self._full = tuple(r for r in self.rules if r.prefix_closed)  # the full groups
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
@@ -303,7 +304,7 @@ class EngineIndex:
         n = req.num_prompt_tokens
         if n <= 1:
             return 0
-        full = [r for r in self.rules if r.prefix_closed]
+        full = self._full
         if self.role == "decode" and not self._plan(n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group
