@@ -121,6 +121,9 @@ class EngineCalls:
             backend.in_flight -= 1
             pool.failed(backend, f"{exc.__class__.__name__}: {exc}")
             return None
+        except BaseException:  # cancelled (its client's task stopped), or unexpected
+            backend.in_flight -= 1
+            raise
         if resp.status_code >= 500:
             backend.in_flight -= 1
             await resp.aclose()
