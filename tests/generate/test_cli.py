@@ -175,10 +175,15 @@ def test_directory_model_without_tokenizer(capsys, tiny, tmp_path):
 
 
 def test_entry_point_and_parser_errors():
+    # -X importtime lists every module imported: the parser names the models
+    # (relaykv.common.model_names) without the model layer, so a bad flag costs no torch.
     done = subprocess.run(
-        [sys.executable, "-m", "relaykv", "generate", "--max-tokens", "x"],
+        [sys.executable, "-X", "importtime", "-m", "relaykv", "generate", "--max-tokens", "x"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert done.returncode == 2 and "--max-tokens" in done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "relaykv.common.model_names" in imported and "torch" not in imported
+

@@ -9,8 +9,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tracemalloc
 from array import array
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,6 +217,59 @@ def test_key_masks_table_equals_the_dict() -> None:
         key_masks().or_bits([b"k" * 16], -1)
 
 
+@needs_accel
+def test_slot_counts_equal_numpy_slot_by_slot() -> None:
+    # Per engine slot, the prompt keys it holds and its run of held keys from key 0, as the
+    # router's holders pass counts them (one C pass), against numpy slot by slot.
+    rng = np.random.default_rng(18)
+    for trial in range(60):
+        n = int(rng.choice([0, 1, 7, 64, 1000]))
+        slots = rng.choice(64, size=int(rng.integers(1, 10)), replace=False)
+        masks = np.zeros(n, dtype=np.uint64)
+        for slot in slots:  # a run from key 0, then random holdings (gaps, reach)
+            held = rng.random(n) < rng.random()
+            held[: int(rng.integers(0, n + 1))] = True
+            masks |= held.astype(np.uint64) << np.uint64(slot)
+        if trial % 5 == 0:
+            masks[:] = np.uint64(2**64 - 1)
+        counted = accel.slot_counts(masks)
+        assert counted is not None
+        held_from_0 = np.bitwise_and.accumulate(masks)
+        for slot in range(64):
+            assert counted[0][slot] == accel.slot_held_py(masks, slot), (trial, slot)
+            assert counted[1][slot] == accel.slot_run_py(held_from_0, slot), (trial, slot)
+    with pytest.raises(ValueError, match="whole uint64"):
+        ACCEL.slot_counts(b"\x00" * 9)
+
+
+@needs_accel
+def test_a_large_key_masks_table_is_exact_and_counted() -> None:
+    # Past 2 MiB of slots the table is allocated on huge-page boundaries, outside Python's
+    # allocator: it still equals the dict through growth and deletions, and tracemalloc
+    # still sees its memory (bench_router's bytes per indexed block).
+    rng = random.Random(17)
+    keys = [rng.randbytes(16) for _ in range(120_000)]
+    gone = rng.sample(keys, 40_000)
+    ref = KeyMasksPy()
+    for start in range(0, len(keys), 20_000):
+        ref.or_bits(keys[start : start + 30_000], 1 << (start // 20_000))
+    ref.clear_bits(gone, 2**64 - 1)
+    tracemalloc.start()
+    try:
+        table = key_masks()
+        for start in range(0, len(keys), 20_000):
+            table.or_bits(keys[start : start + 30_000], 1 << (start // 20_000))
+        table.clear_bits(gone, 2**64 - 1)
+        counted, _ = tracemalloc.get_traced_memory()
+        assert counted > 2**18 * 24  # its 262,144 slots of 24 bytes
+    finally:
+        tracemalloc.stop()
+    assert len(table) == len(ref) == 80_000
+    probe = [*rng.sample(keys, 5_000), rng.randbytes(16)]
+    assert table.values(probe).tolist() == ref.values(probe).tolist()
+    assert sorted(table.items()) == sorted(ref.items())
+
+
 def test_key_masks_fall_back_to_the_dict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(accel, "native", None)
     table = key_masks()
@@ -267,3 +323,204 @@ def test_a_missing_accelerator_falls_back_to_python() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out == "ca0eab5a4b1e7dc84c228bcaace06ca7\n"
+
+
+# ---- KeyMasks against hostile keys: Python code run mid-call, odd types, cycles ---------
+
+
+def _both_tables() -> list[Any]:
+    """The C table and the dict reference, for a scenario run on each."""
+    assert ACCEL is not None and hasattr(ACCEL, "KeyMasks")
+    return [key_masks(), KeyMasksPy()]
+
+
+def _grower(table: Any, new_keys: list[bytes]) -> type[bytes]:
+    """A bytes subclass (an odd key, kept in the side dict) whose first hash inserts
+    `new_keys` into `table`: Python code that grows the table in the middle of a pass."""
+
+    class Grower(bytes):
+        fired = False
+
+        def __hash__(self) -> int:
+            if not Grower.fired:
+                Grower.fired = True
+                table.or_bits(new_keys, 5)
+            return bytes.__hash__(self)
+
+    return Grower
+
+
+@needs_accel
+@pytest.mark.parametrize("before", [0, 20])
+def test_key_masks_values_follow_a_key_that_grows_the_table_mid_pass(before: int) -> None:
+    # values() asks for a batch's slots before reading them; a key whose hash (Python code)
+    # grows the table in between must not leave the batch's later keys probing the old
+    # table's places (from an empty table: an unset place, a read out of bounds).
+    rng = random.Random(before)
+    old = [rng.randbytes(16) for _ in range(before)]
+    new = [rng.randbytes(16) for _ in range(200)]
+    results = []
+    for table in _both_tables():
+        table.or_bits([b"odd", *old], 3)
+        probe = [_grower(table, new)(b"zz"), *new[:10], *old[:5]]
+        results.append(table.values(probe).tolist())
+    assert results[0] == results[1] == [0] + [5] * 10 + [3] * min(5, before)
+
+
+@needs_accel
+@pytest.mark.parametrize("kind", ["C table", "dict", "values_u64"])
+def test_a_value_is_read_before_its_key_is_let_go(kind: str) -> None:
+    # A probing key the list let go of (its hash replaced it) dies when the pass drops it;
+    # its __del__ may drop the very value it found: the value is read before that, not from
+    # freed memory (KeyMasks.values and values_u64 alike).
+    want = (1 << 62) + 12345
+    table = key_masks() if kind == "C table" else KeyMasksPy()
+    assert (type(table) is KeyMasksPy) == (kind != "C table")
+    table.or_bits([b"zz"], want)
+    plain = dict(table.items())
+    keys: list[bytes] = []
+    reuse: list[int] = []
+
+    class Dying(bytes):
+        def __hash__(self) -> int:
+            keys[0] = b"x"
+            return bytes.__hash__(self)
+
+        def __del__(self) -> None:
+            table.clear_bits([b"zz"], 2**64 - 1)
+            plain.clear()
+            reuse.extend(int(str(2**62 + i)) for i in range(100))  # the freed memory
+
+    keys.append(Dying(b"zz"))
+    if kind == "values_u64":
+        got = accel.values_u64(plain, keys).tolist()
+    else:
+        got = table.values(keys).tolist()
+    assert got == [want]
+
+
+@needs_accel
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda t: t.or_bits([b"k" * 16], -1), OverflowError),
+        (lambda t: t.or_bits([b"k" * 16], 2**64), OverflowError),
+        (lambda t: t.clear_bits([b"k" * 16], 2**64), OverflowError),
+        (lambda t: t.or_bits([b"k" * 16], "1"), TypeError),
+        (lambda t: t.or_bits([b"k" * 16], 1.0), TypeError),
+        (lambda t: t.or_bits([[1]], 1), TypeError),
+        (lambda t: t.clear_bits([[1]], 1), TypeError),
+        (lambda t: t.values([[1]]), TypeError),
+        (lambda t: t.values([b"k" * 16, {}]), TypeError),
+        (lambda t: t.or_bits(5, 1), TypeError),
+        (lambda t: t.values(None), TypeError),
+    ],
+)
+def test_key_masks_refuse_what_the_dict_refuses(call: Callable[[Any], object], error: type) -> None:
+    # Bad bits or keys raise the same error from the C table and the dict, and change
+    # nothing after the bad key (an empty table has no odd keys: the key is still hashed).
+    for table in _both_tables():
+        with pytest.raises(error):
+            call(table)
+        assert table.values([b"k" * 16]).tolist() == [0]
+
+
+@needs_accel
+def test_key_masks_see_a_plain_bytes_subclass_as_its_bytes() -> None:
+    # A dict finds b"k"*16 under an equal bytes subclass key; so does the C table.
+    class Key(bytes):
+        pass
+
+    results = []
+    for table in _both_tables():
+        table.or_bits([Key(b"k" * 16)], 1)
+        table.or_bits([b"k" * 16], 2)
+        got = table.values([b"k" * 16, Key(b"k" * 16)]).tolist()
+        results.append((len(table), got))
+        table.clear_bits([Key(b"k" * 16)], 3)
+        assert len(table) == 0
+    assert results[0] == results[1] == (1, [3, 3])
+
+
+@needs_accel
+def test_a_key_masks_table_in_a_reference_cycle_is_collected() -> None:
+    # An odd key may refer back to its table; the collector frees the pair.
+    import gc
+
+    freed: list[str] = []
+
+    class Key:
+        def __init__(self, table: object) -> None:
+            self.table = table
+
+        def __del__(self) -> None:
+            freed.append("key")
+
+    assert ACCEL is not None
+    table = ACCEL.KeyMasks(b"s" * 16)
+    table.or_bits([Key(table)], 1)
+    del table
+    gc.collect()
+    assert freed == ["key"]
+
+
+@needs_accel
+def test_bind_xxh3_checks_long_inputs_too() -> None:
+    # A chain's unit can be long (a 256-token block: 1,040 bytes with its parent; a long salt
+    # in the first). A digest callable that agrees with XXH3_128bits on short inputs only is
+    # not bound: the chain keeps calling it.
+    assert ACCEL is not None
+    if not hasattr(ACCEL, "bind_xxh3"):
+        pytest.skip("an accelerator built before bind_xxh3")
+    def agreeing_up_to(limit: int) -> Callable[[bytes], bytes]:
+        return lambda data: _H(data) if len(data) <= limit else _H(data + b"!")
+
+    for limit in [300, 1000, 4096]:
+        assert not ACCEL.bind_xxh3(xxhash._xxhash.__file__, agreeing_up_to(limit)), limit
+    only_short = agreeing_up_to(1000)
+    data = bytes(range(256)) * 8
+    assert ACCEL.chain(data, 1024, SEED_HASH, b"", only_short) == [
+        only_short(SEED_HASH + data[:1024]),
+        only_short(only_short(SEED_HASH + data[:1024]) + data[1024:]),
+    ]
+    # the bound callable is still xxhash's own, with its direct chain
+    assert accel.direct_xxh3
+    assert ACCEL.chain(data, 1024, SEED_HASH, b"", _H) == _chain_loop(data, 256)
+
+
+@needs_accel
+def test_chain_with_no_full_unit_allocates_nothing() -> None:
+    # data shorter than one unit: no hashes, whatever the unit's size (no buffer of it).
+    assert ACCEL is not None
+    assert ACCEL.chain(b"abc", sys.maxsize, SEED_HASH, b"", _H) == []
+    assert ACCEL.chain(b"abc", sys.maxsize, SEED_HASH, b"", lambda b: _H(b)) == []
+
+
+def _clearer(table: Any, keys: list[bytes]) -> type[bytes]:
+    """A bytes subclass whose hash clears `keys` of bits 7 in `table`."""
+
+    class Clearer(bytes):
+        def __hash__(self) -> int:
+            table.clear_bits(keys, 7)
+            return bytes.__hash__(self)
+
+    return Clearer
+
+
+@needs_accel
+def test_key_masks_updates_follow_a_key_that_changes_the_table_mid_pass() -> None:
+    # or_bits / clear_bits over keys one of which grows the table (then another clears
+    # much of it) from its __hash__: the same keys and masks as the dict's.
+    rng = random.Random(7)
+    first = [rng.randbytes(16) for _ in range(50)]
+    grown = [rng.randbytes(16) for _ in range(300)]
+    results = []
+    for table in _both_tables():
+        grower = _grower(table, grown)(b"a")
+        clearer = _clearer(table, grown[::2])(b"b")
+        table.or_bits(first, 1)
+        table.or_bits([*first[:10], grower, *first[10:], *grown[:50]], 2)
+        table.clear_bits([*grown[:40], clearer, *grown[40:100], *first], 1)
+        results.append(sorted(table.items()))
+    assert results[0] == results[1]
+    assert len(results[0]) > 100

@@ -6,7 +6,9 @@ import sys
 from array import array
 
 import numpy as np
+import pytest
 
+from relaykv.kvcache import hashing
 from relaykv.kvcache.hashing import (
     SEED_HASH,
     PrefixChains,
@@ -127,6 +129,21 @@ def test_prefix_chains_equal_fresh_hashing() -> None:
         fresh.extend(tail)
         assert memo.hashes == fresh.hashes
     assert chains.hits > 0 and chains.misses > 40 and len(chains) == 40  # some evicted
+
+
+def test_prefix_chains_check_the_bytes_behind_a_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every segment's digest collides: an entry is used only for equal token bytes, so each
+    # prompt still gets its own hashes, and a repeated prompt still finds its segments.
+    monkeypatch.setattr(hashing, "_segment_digest", lambda data: b"same")
+    a, b = tokens(256, seed=1), tokens(256, seed=2)
+    chains = PrefixChains(segment_units=2)
+    for prompt in (a, a, b, a, b[:64] + a[64:], b):
+        memo = TokenHashes(16)
+        memo.extend(prompt, chains)
+        fresh = TokenHashes(16)
+        fresh.extend(prompt)
+        assert memo.hashes == fresh.hashes
+    assert chains.hits >= 8  # the second `a`: all 8 of its segments
 
 
 def test_prefix_chains_keep_tenants_apart() -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from relaykv.model.presets import PRESET_NAMES
+from relaykv.common.model_names import PRESET_NAMES
 
 if TYPE_CHECKING:  # torch: imported only when the command runs
     from relaykv.engine import LLMEngine

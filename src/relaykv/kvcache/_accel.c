@@ -23,8 +23,15 @@
  *       Finds XXH3_128bits in xxhash's own extension module, already loaded from `path`
  *       (dlopen without loading, dlsym), and uses it for `chain` when `digest` is given, if
  *       xxhash is 0.8 or later and the function's canonical digests equal `digest`'s on
- *       inputs of every length 0..300. False (and `chain` keeps calling `digest`) otherwise:
+ *       inputs of every length 0..300 and of lengths to 8,500 (several of XXH3's 1,024-byte
+ *       blocks: a long unit or salt). False (and `chain` keeps calling `digest`) otherwise:
  *       a build of xxhash that does not export the symbol, or a platform without dlopen.
+ *
+ *   slot_counts(masks) -> (held, runs)
+ *       For a buffer of native uint64 bitmasks (one per prompt key, bit s: engine slot s
+ *       holds the key), two lists of 64 ints: held[s], the keys whose mask has bit s, and
+ *       runs[s], the keys from key 0 on whose masks all have bit s (the run of held keys
+ *       from the first). The reference is accel.slot_held_py / slot_run_py, slot by slot.
  *
  *   values_u64(mapping, keys) -> bytes
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
@@ -37,19 +44,25 @@
  *       is stored inline in an open-addressing table (linear probing, at most half full,
  *       backward-shift deletion), placed by a mix of its bytes with the 16-byte `seed` (a
  *       random one per table: where a key lands cannot be chosen from outside); any other
- *       key in a dict beside it. `values(keys)` probes a prompt's keys in batches whose slots
- *       are prefetched together, so their cache misses overlap instead of following one
- *       another as a dict's do (index, entry, key object). Methods: or_bits(keys, bits),
- *       clear_bits(keys, bits), values(keys) -> native uint64 bytes (0: absent), items(),
- *       len(). The reference is accel.KeyMasksPy (a dict).
+ *       key in a dict beside it (a bytes subclass with bytes' own hash and equality counts
+ *       as its bytes, as in a dict). `values(keys)` probes a prompt's keys in batches whose
+ *       slots are prefetched together, so their cache misses overlap instead of following
+ *       one another as a dict's do (index, entry, key object); it stays exact when an odd
+ *       key's __hash__ or __eq__ runs Python code that changes the table. A table of 2 MiB
+ *       or more asks for transparent huge pages (fewer TLB misses; tracemalloc still counts
+ *       it). Methods: or_bits(keys, bits), clear_bits(keys, bits), values(keys) -> native
+ *       uint64 bytes (0: absent), items(), len(). The reference is accel.KeyMasksPy (a dict).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 #ifndef _WIN32
 #include <dlfcn.h>
+#include <sys/mman.h>
 #define RELAYKV_HAVE_DLOPEN 1
+#define RELAYKV_POSIX 1
 #endif
 
 /* xxhash's XXH128_hash_t and XXH3_128bits (xxhash.h, stable since 0.8.0). */
@@ -104,6 +117,37 @@ finish(PyObject *seq, Py_ssize_t n, PyObject *out, int ok)
         return NULL;
     }
     return out;
+}
+
+/* mapping[key] (an int in [0, 2**64)) in *v, 0 where absent; 0, or -1 with an exception set.
+ * The key is held until its value is read: the Python code its lookup runs (__hash__,
+ * __eq__) may leave us its last reference, and dropping that (its __del__) may drop the
+ * value. */
+static int
+lookup_u64(PyObject *mapping, PyObject *key, uint64_t *v)
+{
+    int rc = 0;
+    *v = 0;
+    Py_INCREF(key);
+    PyObject *value = PyDict_GetItemWithError(mapping, key); /* borrowed */
+    if (value == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+    }
+    else if (!PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "values_u64: values must be ints");
+        rc = -1;
+    }
+    else {
+        unsigned long long u = PyLong_AsUnsignedLongLong(value);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            rc = -1;
+        }
+        else {
+            *v = (uint64_t)u;
+        }
+    }
+    Py_DECREF(key);
+    return rc;
 }
 
 static int
@@ -179,10 +223,14 @@ static inline void
 store_le32(unsigned char *p, int32_t v)
 {
     uint32_t u = (uint32_t)v;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &u, 4);
+#else
     p[0] = (unsigned char)u;
     p[1] = (unsigned char)(u >> 8);
     p[2] = (unsigned char)(u >> 16);
     p[3] = (unsigned char)(u >> 24);
+#endif
 }
 
 static PyObject *
@@ -206,7 +254,19 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    /* Exact ints of one digit, read straight from the items array: no Python code runs in
+     * this loop, so the sequence cannot change under it. The first other item ends it. */
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        int32_t v;
+        if (!compact_int(items[i], &v)) {
+            break;
+        }
+        store_le32(p, v);
+        p += 4;
+    }
+    for (; i < n; i++) {
         PyObject *item = item_at(seq, i);
         int32_t v;
         if (item == NULL) {
@@ -233,13 +293,22 @@ fail:
 
 /* XXH128_canonicalFromHash: the digest's bytes, big-endian high then low half, as xxhash's
  * xxh3_128_digest returns them. */
-static void
+static inline void
 canonical(xxh128_value h, unsigned char *b)
 {
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* two 8-byte stores: the chain's next hash reads these bytes back at once, and a load
+     * spanning several narrower stores is not forwarded from them (it waits for the cache) */
+    uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+    memcpy(b, &hi, 8);
+    memcpy(b + 8, &lo, 8);
+#else
     for (int i = 0; i < 8; i++) {
         b[i] = (unsigned char)(h.high64 >> (56 - 8 * i));
         b[8 + i] = (unsigned char)(h.low64 >> (56 - 8 * i));
     }
+#endif
 }
 
 /* `chain` with direct_xxh3: every unit's material is built in one reused buffer (the previous
@@ -274,6 +343,8 @@ chain_direct(PyObject *out, const char *src, Py_ssize_t units, Py_ssize_t step,
     return 1;
 }
 
+#define XXH3_CHECK_MAX 8500
+
 static PyObject *
 bind_xxh3(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -298,18 +369,19 @@ bind_xxh3(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         dlclose(lib);
         Py_RETURN_FALSE;
     }
-    unsigned char input[300], expected[16];
-    for (int i = 0; i < 300; i++) {
-        input[i] = (unsigned char)(i * 131 + 7);
+    /* every length to 300 (each of XXH3's short-input paths), then lengths to 8,500 in
+     * steps of 97 (the long path: stripes, several 1,024-byte blocks, every tail length) */
+    static unsigned char input[XXH3_CHECK_MAX];
+    unsigned char expected[16];
+    for (int i = 0; i < XXH3_CHECK_MAX; i++) {
+        input[i] = (unsigned char)(i * 131 + 7 + (i >> 8));
     }
-    for (Py_ssize_t n = 0; n <= 300; n++) {
+    for (Py_ssize_t n = 0; n <= XXH3_CHECK_MAX; n += n < 300 ? 1 : 97) {
         PyObject *arg = PyBytes_FromStringAndSize((const char *)input, n);
-        if (arg == NULL) {
-            return NULL;
-        }
-        PyObject *want = PyObject_CallOneArg(args[1], arg);
-        Py_DECREF(arg);
+        PyObject *want = arg == NULL ? NULL : PyObject_CallOneArg(args[1], arg);
+        Py_XDECREF(arg);
         if (want == NULL) {
+            dlclose(lib);
             return NULL;
         }
         canonical(fn(input, (size_t)n), expected);
@@ -358,9 +430,9 @@ chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t units = data.len / step;
     PyObject *out = PyList_New(units);
-    if (out == NULL) {
+    if (out == NULL || units == 0) { /* no full unit: no buffer of a unit's size either */
         PyBuffer_Release(&data);
-        return NULL;
+        return out;
     }
     const char *src = (const char *)data.buf;
     if (direct_xxh3 != NULL && digest == direct_digest) {
@@ -431,30 +503,11 @@ values_u64(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     char *p = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = item_at(seq, i);
-        unsigned long long v = 0;
-        if (key == NULL) {
+        uint64_t v;
+        if (key == NULL || lookup_u64(mapping, key, &v) < 0) {
             goto fail;
         }
-        Py_INCREF(key);
-        PyObject *value = PyDict_GetItemWithError(mapping, key); /* borrowed */
-        Py_DECREF(key);
-        if (value == NULL) {
-            if (PyErr_Occurred()) {
-                goto fail;
-            }
-        }
-        else {
-            if (!PyLong_Check(value)) {
-                PyErr_SetString(PyExc_TypeError, "values_u64: values must be ints");
-                goto fail;
-            }
-            v = PyLong_AsUnsignedLongLong(value);
-            if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-                goto fail;
-            }
-        }
-        uint64_t u = (uint64_t)v;
-        memcpy(p + 8 * i, &u, 8);
+        memcpy(p + 8 * i, &v, 8);
     }
     return finish(seq, n, out, 1);
 fail:
@@ -477,7 +530,9 @@ typedef struct {
     PyObject *odd; /* keys that are not 16-byte bytes: key -> mask */
 } KeyMasks;
 
+#ifndef KM_BATCH
 #define KM_BATCH 16
+#endif
 #if defined(__GNUC__) || defined(__clang__)
 #define KM_PREFETCH(p) __builtin_prefetch(p)
 #else
@@ -487,8 +542,12 @@ typedef struct {
 static inline int
 km_key(PyObject *key, uint64_t *k0, uint64_t *k1)
 {
-    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) != 16) {
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != 16) {
         return 0;
+    }
+    if (!PyBytes_CheckExact(key) && (Py_TYPE(key)->tp_hash != PyBytes_Type.tp_hash ||
+                                     Py_TYPE(key)->tp_richcompare != PyBytes_Type.tp_richcompare)) {
+        return 0; /* its own __hash__ or __eq__: the dict beside the table decides */
     }
     const char *p = PyBytes_AS_STRING(key);
     memcpy(k0, p, 8);
@@ -519,10 +578,50 @@ km_find(const KeyMasks *t, size_t i, uint64_t k0, uint64_t k1)
     return i;
 }
 
+/* A zeroed slot array. A table of 2 MiB or more is placed on 2 MiB boundaries and, on Linux,
+ * offered transparent huge pages: a prompt's probes land anywhere in it, and with 4 KiB pages
+ * nearly every probe also misses the TLB (a page walk before the cache miss). */
+#define KM_HUGE ((size_t)2 << 20)
+#define KM_TRACE_DOMAIN 0x726b76u /* tracemalloc counts the tables ("rkv"), as numpy's arrays */
+static km_slot *
+km_alloc(size_t cap)
+{
+    size_t size = cap * sizeof(km_slot);
+    void *p = NULL;
+#ifdef RELAYKV_POSIX
+    if (size >= KM_HUGE) {
+        if (posix_memalign(&p, KM_HUGE, size) != 0) {
+            return NULL;
+        }
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, size, MADV_HUGEPAGE); /* advice only: nothing depends on it */
+#endif
+        memset(p, 0, size);
+    }
+#endif
+    if (p == NULL) {
+        p = calloc(cap, sizeof(km_slot));
+        if (p == NULL) {
+            return NULL;
+        }
+    }
+    (void)PyTraceMalloc_Track(KM_TRACE_DOMAIN, (uintptr_t)p, size);
+    return (km_slot *)p;
+}
+
+static void
+km_free(km_slot *slots)
+{
+    if (slots != NULL) {
+        (void)PyTraceMalloc_Untrack(KM_TRACE_DOMAIN, (uintptr_t)slots);
+        free(slots);
+    }
+}
+
 static int
 km_resize(KeyMasks *t, size_t cap)
 {
-    km_slot *slots = PyMem_Calloc(cap, sizeof(km_slot));
+    km_slot *slots = km_alloc(cap);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -537,7 +636,7 @@ km_resize(KeyMasks *t, size_t cap)
             t->slots[i] = old[j];
         }
     }
-    PyMem_Free(old);
+    km_free(old);
     return 0;
 }
 
@@ -595,10 +694,29 @@ km_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)t;
 }
 
+/* The collector's view: only the dict of odd keys holds objects (a key may refer back to its
+ * table). Clearing empties that dict and keeps it, so every method still finds one. */
+static int
+km_traverse(KeyMasks *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->odd);
+    return 0;
+}
+
+static int
+km_clear(KeyMasks *t)
+{
+    if (t->odd != NULL) {
+        PyDict_Clear(t->odd);
+    }
+    return 0;
+}
+
 static void
 km_dealloc(KeyMasks *t)
 {
-    PyMem_Free(t->slots);
+    PyObject_GC_UnTrack(t);
+    km_free(t->slots);
     Py_XDECREF(t->odd);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -733,7 +851,9 @@ km_values(KeyMasks *t, PyObject *keys)
     int inline_key[KM_BATCH];
     for (Py_ssize_t start = 0; start < n; start += KM_BATCH) {
         Py_ssize_t count = n - start < KM_BATCH ? n - start : KM_BATCH;
-        /* first every slot of the batch is asked for, then each is read */
+        /* first every slot of the batch is asked for, then each is read; an odd key's lookup
+         * runs Python code, which may grow the table: the later homes are then placed anew */
+        size_t cap = t->cap;
         for (Py_ssize_t b = 0; b < count; b++) {
             PyObject *key = item_at(seq, start + b);
             if (key == NULL) {
@@ -749,21 +869,13 @@ km_values(KeyMasks *t, PyObject *keys)
             uint64_t v = 0;
             if (inline_key[b]) {
                 if (t->cap) {
-                    v = t->slots[km_find(t, home[b], key0[b], key1[b])].mask;
+                    size_t i = t->cap == cap ? home[b] : km_home(t, key0[b], key1[b]);
+                    v = t->slots[km_find(t, i, key0[b], key1[b])].mask;
                 }
             }
-            else if (PyDict_GET_SIZE(t->odd)) {
+            else { /* hashed even when no odd key is held: an unhashable key is refused */
                 PyObject *key = item_at(seq, start + b);
-                if (key == NULL) {
-                    goto fail;
-                }
-                Py_INCREF(key);
-                PyObject *value = PyDict_GetItemWithError(t->odd, key); /* borrowed */
-                Py_DECREF(key);
-                if (value == NULL && PyErr_Occurred()) {
-                    goto fail;
-                }
-                if (value != NULL && km_bits_arg(value, &v) < 0) {
+                if (key == NULL || lookup_u64(t->odd, key, &v) < 0) {
                     goto fail;
                 }
             }
@@ -834,13 +946,90 @@ static PyTypeObject KeyMasksType = {
     .tp_basicsize = sizeof(KeyMasks),
     .tp_dealloc = (destructor)km_dealloc,
     .tp_as_sequence = &km_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)km_traverse,
+    .tp_clear = (inquiry)km_clear,
+    .tp_free = PyObject_GC_Del,
     .tp_doc = "KeyMasks(seed): keys -> non-zero uint64 bitmasks (see the module docstring)",
     .tp_methods = km_methods,
     .tp_new = km_new,
 };
 
+#if defined(__GNUC__) || defined(__clang__)
+#define LOWEST_BIT(x) __builtin_ctzll(x)
+#else
+static inline int
+LOWEST_BIT(uint64_t x)
+{
+    int b = 0;
+    while (!(x & 1)) {
+        x >>= 1;
+        b++;
+    }
+    return b;
+}
+#endif
+
+static PyObject *
+slot_counts(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (view.len % 8 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slot_counts: masks must be whole uint64 values");
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 8;
+    const char *p = (const char *)view.buf;
+    Py_ssize_t held[64] = {0}, runs[64];
+    uint64_t all = ~(uint64_t)0; /* the slots holding every key so far */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t m;
+        memcpy(&m, p + 8 * i, 8);
+        for (uint64_t ended = all & ~m; ended; ended &= ended - 1) {
+            runs[LOWEST_BIT(ended)] = i;
+        }
+        all &= m;
+        for (; m; m &= m - 1) {
+            held[LOWEST_BIT(m)]++;
+        }
+    }
+    for (; all; all &= all - 1) {
+        runs[LOWEST_BIT(all)] = n;
+    }
+    PyBuffer_Release(&view);
+    PyObject *h = PyList_New(64), *r = PyList_New(64), *out = PyTuple_New(2);
+    if (h == NULL || r == NULL || out == NULL) {
+        goto fail;
+    }
+    for (int b = 0; b < 64; b++) {
+        PyObject *x = PyLong_FromSsize_t(held[b]);
+        if (x == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(h, b, x);
+        x = PyLong_FromSsize_t(runs[b]);
+        if (x == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(r, b, x);
+    }
+    PyTuple_SET_ITEM(out, 0, h);
+    PyTuple_SET_ITEM(out, 1, r);
+    return out;
+fail:
+    Py_XDECREF(h);
+    Py_XDECREF(r);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"slot_counts", (PyCFunction)slot_counts, METH_O,
+     "slot_counts(masks) -> (held, runs): per engine slot, keys held and the run from key 0"},
     {"int32_bytes", (PyCFunction)(void (*)(void))int32_bytes, METH_FASTCALL,
      "int32_bytes(tokens, strict=False) -> little-endian int32 bytes of token ids"},
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,

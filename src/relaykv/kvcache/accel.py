@@ -82,6 +82,29 @@ def int32_bytes_py(tokens: Sequence[int], strict: bool = False) -> bytes:
     raise ValueError("token ids could not be packed as int32")  # struct refused nothing
 
 
+def slot_counts(masks: np.ndarray) -> tuple[list[int], list[int]] | None:
+    """For a uint64 array of bitmasks (one per prompt key; bit s: engine slot s holds it),
+    per slot 0..63 the keys held (`slot_held_py`) and the run of held keys from key 0
+    (`slot_run_py`), in one C pass; None without the accelerator (ask slot by slot)."""
+    count = getattr(native, "slot_counts", None)  # None: not built, or built before it
+    if count is None:
+        return None
+    held, runs = count(np.ascontiguousarray(masks, dtype=np.uint64))
+    return held, runs
+
+
+def slot_held_py(masks: np.ndarray, slot: int) -> int:
+    """How many of `masks` have bit `slot` (`slot_counts` for one slot, in numpy)."""
+    return int(np.count_nonzero(masks & np.uint64(1 << slot)))
+
+
+def slot_run_py(held_from_0: np.ndarray, slot: int) -> int:
+    """How many masks from the first on all have bit `slot`, given `held_from_0`, the
+    masks' `np.bitwise_and.accumulate` (`slot_counts` for one slot, in numpy): a slot's bit
+    only clears along it, so it is set exactly on that run."""
+    return int(np.count_nonzero(held_from_0 & np.uint64(1 << slot)))
+
+
 def values_u64(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
     """Per key, `mapping.get(key, 0)` as a uint64 array (values are ints in [0, 2**64))."""
     if native is not None and type(mapping) is dict and isinstance(keys, list | tuple):
@@ -92,6 +115,15 @@ def values_u64(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarra
 def values_u64_py(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
     """`values_u64` in Python (one C-driven pass of `mapping.get`)."""
     return np.fromiter(map(mapping.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
+
+
+def _mask_bits(bits: int) -> int:
+    """`bits` checked as the C table checks them: an int in [0, 2**64)."""
+    if not isinstance(bits, int):
+        raise TypeError(f"bits must be an int, not {type(bits).__name__}")
+    if not 0 <= bits < 2**64:
+        raise OverflowError(f"bits {bits} outside [0, 2**64)")
+    return bits
 
 
 class KeyMasksPy:
@@ -109,12 +141,14 @@ class KeyMasksPy:
     def or_bits(self, keys: Iterable[bytes], bits: int) -> None:
         """Each key's mask |= `bits`."""
         masks, get = self._masks, self._masks.get
-        if bits:
+        if _mask_bits(bits):
             for key in keys:
                 masks[key] = get(key, 0) | bits
 
     def clear_bits(self, keys: Iterable[bytes], bits: int) -> None:
         """Each key's mask &= ~`bits`; a key left with none is removed."""
+        if not _mask_bits(bits):
+            return
         masks, keep = self._masks, ~bits
         for key in keys:
             mask = masks.get(key)

@@ -11,9 +11,10 @@ different salts never share a prefix, and nothing else changes later units.
 
 `PrefixChains` memoises the chain of recently hashed prompt segments for a caller that hashes
 many prompts sharing prefixes (the router: requests sharing a system prompt share its chain).
-It returns exactly what `chain_hashes` returns: an entry is found by a digest of what the
-segment's hashes depend on (parent hash, salt bytes, the segment's token bytes) and used only
-when those bytes are equal, so a digest collision can cost a recomputation, never a wrong hash.
+It returns exactly what `chain_hashes` returns: an entry is found under what the segment's
+hashes depend on, the parent hash and the salt bytes as they are and the segment's token bytes
+by a digest, and used only when those token bytes are equal, so a digest collision can cost a
+recomputation, never a wrong hash.
 
 Under `eagle_reuse=successor` (§4) draft groups key a block by `S(h_k, token after the unit)`,
 so the key itself proves the next token and no peek block is needed.
@@ -40,6 +41,7 @@ _H = xxhash.xxh3_128_digest
 SEED_HASH: bytes = _H(b"relaykv/block-hash/v1")
 _SALT_TAG = b"relaykv/salt\x00"
 _SUCCESSOR_TAG = b"relaykv/successor\x00"
+_segment_digest = _H  # how `PrefixChains` finds a segment (a test makes it collide)
 
 
 def token_bytes(tokens: Sequence[int] | np.ndarray | array[int]) -> bytes:
@@ -132,19 +134,22 @@ class PrefixChains:
     """A bounded LRU of unit-hash chains of prompt segments (see the module docstring).
 
     A prompt's token bytes are cut into segments of `segment_units` hash units from unit 0;
-    each full segment's hashes are kept under (parent hash, salt bytes, segment bytes), so a
+    each full segment's hashes are kept under (parent hash, salt bytes, digest of the segment's
+    bytes) with those bytes (compared before use: `_segment_digest` may collide), so a
     prompt that shares its first segments with a recent one reuses their hashes and hashes
     only the rest. At most `max_segments` segments are kept (least recently used go first).
     """
 
     __slots__ = ("_entries", "hits", "max_segments", "misses", "segment_units")
 
-    def __init__(self, segment_units: int = 64, max_segments: int = 1024) -> None:
+    def __init__(self, segment_units: int = 256, max_segments: int = 256) -> None:
         if segment_units < 1 or max_segments < 1:
             raise ValueError("segment_units and max_segments must be >= 1")
         self.segment_units = segment_units
         self.max_segments = max_segments
-        self._entries: OrderedDict[bytes, tuple[bytes, list[bytes]]] = OrderedDict()
+        self._entries: OrderedDict[tuple[bytes, bytes, bytes], tuple[bytes, list[bytes]]] = (
+            OrderedDict()
+        )
         self.hits = 0
         self.misses = 0
 
@@ -164,13 +169,12 @@ class PrefixChains:
         start = 0
         # Memoised segments from unit 0 on, while they are found ...
         while start < whole:
-            extra = first_extra if start == 0 else b""
-            material = parent + extra + data[start : start + seg]
-            digest = _H(material)
-            entry = entries.get(digest)
-            if entry is None or entry[0] != material:
+            piece = data[start : start + seg]
+            key = (parent, first_extra if start == 0 else b"", _segment_digest(piece))
+            entry = entries.get(key)
+            if entry is None or entry[0] != piece:
                 break
-            entries.move_to_end(digest)
+            entries.move_to_end(key)
             hashes = entry[1]
             self.hits += 1
             out.extend(hashes)
@@ -183,16 +187,19 @@ class PrefixChains:
         first = len(out)
         out.extend(chain_hashes(data[start:], unit, parent, first_extra if start == 0 else b""))
         per_seg = self.segment_units
+        limit = self.max_segments
         for at in range(start, whole, seg):
-            extra = first_extra if at == 0 else b""
-            material = parent + extra + data[at : at + seg]
+            piece = data[at : at + seg]
             hashes = out[first : first + per_seg]
-            entries[_H(material)] = (material, hashes)
-            if len(entries) > self.max_segments:
+            entries[parent, first_extra if at == 0 else b"", _segment_digest(piece)] = (
+                piece,
+                hashes,
+            )
+            if len(entries) > limit:
                 entries.popitem(last=False)
-            self.misses += 1
             parent = hashes[-1]
             first += per_seg
+        self.misses += (whole - start) // seg
         return out
 
 

@@ -115,7 +115,7 @@ class CacheRequest:
                 keys.append(successor_key(hashes[(k + 1) * ratio - 1], tokens[(k + 1) * b]))
         elif ratio == 1:
             if len(keys) < len(hashes):
-                keys.extend(hashes[len(keys) :])
+                keys.extend(hashes[len(keys) :] if keys else hashes)
         else:
             total = len(hashes) // ratio
             if len(keys) < total:

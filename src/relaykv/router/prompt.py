@@ -42,14 +42,17 @@ class Prompt:
     ids: array[int] | None = None  # `tokens` as int32, when the intake converted them already
     _requests: dict[Any, CacheRequest] = field(default_factory=dict)
     _counts: dict[Any, PromptCounts] = field(default_factory=dict)
+    # The geometry asked for last and its request: engines of one role share one geometry
+    # object, and a geometry's (dataclass) hash is recomputed on every dict lookup.
+    _last: tuple[Any, CacheRequest | None] = (None, None)
 
     def counts(self, holders: KeyHolders, index: EngineIndex, group: int) -> PromptCounts:
         """Per engine slot, the prompt's keys held in `group` (one pass for all engines)."""
-        key = (holders, index.geometry, group)
+        req = self.request_for(index)  # one per geometry: it stands for the geometry here
+        key = (holders, req, group)
         found = self._counts.get(key)
         if found is None:
-            keys = self.request_for(index).keys(group)
-            found = self._counts[key] = PromptCounts(holders, group, keys)
+            found = self._counts[key] = PromptCounts(holders, group, req.keys(group))
         return found
 
     def counts_for(self, index: EngineIndex) -> Callable[[int], PromptCounts] | None:
@@ -66,10 +69,14 @@ class Prompt:
     def request_for(self, index: EngineIndex) -> CacheRequest:
         """One hashed request per geometry, shared by every engine that has it."""
         key = index.geometry
+        last, req = self._last
+        if key is last and req is not None:
+            return req
         req = self._requests.get(key)
         if req is None:
             tokens = self.ids if self.ids is not None else self.tokens
             req = self._requests[key] = index.request(tokens, self.salt, chains=self.chains)
+        self._last = (key, req)
         return req
 
 

@@ -11,7 +11,9 @@ shares only with requests of the same adapter (as in vLLM), and a multimodal or
 prompt-embeds request only with requests carrying the same items at the same positions
 (vLLM can still share the text blocks before the first item; relaykv recomputes them).
 A request with no extras keeps its `cache_salt` unchanged, so keys stay those of relaykv's
-own engine and of a P/D peer.
+own engine and of a P/D peer; the one exception is a `cache_salt` that itself begins with
+the marker of a derived salt (vLLM's HTTP servers refuse its NUL; its Python API does not),
+which is derived as well, so no request without extras can name an extras request's blocks.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 from vllm.v1.request import Request
 from vllm.v1.utils import tensor_data
 
-# A client may send a `cache_salt` that begins with this marker too, so the digest covers the
-# request's own `cache_salt` as well: such a salt reaches another tenant's salted blocks only
-# by knowing that tenant's salt, as without the marker.
+# Every derived salt begins with this marker, and so does every salt given out for a
+# `cache_salt` that begins with it: a salt chosen by a client never equals a derived one
+# (an unsalted LoRA request's, say, whose digest anyone knowing the adapter can compute). The
+# digest covers the request's own `cache_salt`: a derived salt reaches another tenant's
+# salted blocks only by knowing that tenant's salt.
 _MARKER = "\x00relaykv-vllm-extra-keys:"
 
 
@@ -45,7 +49,8 @@ def _extras(request: Request) -> list[Any]:
 def request_salt(request: Request) -> str | None:
     """The salt relaykv hashes into `request`'s first block (see the module docstring)."""
     extras = _extras(request)
-    if not extras:
-        return request.cache_salt
-    material = repr((request.cache_salt, extras)).encode()
+    salt = request.cache_salt or None  # vLLM hashes no salt for an empty one either
+    if not extras and (salt is None or not salt.startswith(_MARKER)):
+        return salt
+    material = repr((salt, extras)).encode()
     return _MARKER + hashlib.sha256(material).hexdigest()
