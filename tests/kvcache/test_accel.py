@@ -218,6 +218,31 @@ def test_key_masks_table_equals_the_dict() -> None:
 
 
 @needs_accel
+def test_slot_counts_equal_numpy_slot_by_slot() -> None:
+    # Per engine slot, the prompt keys it holds and its run of held keys from key 0, as the
+    # router's holders pass counts them (one C pass), against numpy slot by slot.
+    rng = np.random.default_rng(18)
+    for trial in range(60):
+        n = int(rng.choice([0, 1, 7, 64, 1000]))
+        slots = rng.choice(64, size=int(rng.integers(1, 10)), replace=False)
+        masks = np.zeros(n, dtype=np.uint64)
+        for slot in slots:  # a run from key 0, then random holdings (gaps, reach)
+            held = rng.random(n) < rng.random()
+            held[: int(rng.integers(0, n + 1))] = True
+            masks |= held.astype(np.uint64) << np.uint64(slot)
+        if trial % 5 == 0:
+            masks[:] = np.uint64(2**64 - 1)
+        counted = accel.slot_counts(masks)
+        assert counted is not None
+        held_from_0 = np.bitwise_and.accumulate(masks)
+        for slot in range(64):
+            assert counted[0][slot] == accel.slot_held_py(masks, slot), (trial, slot)
+            assert counted[1][slot] == accel.slot_run_py(held_from_0, slot), (trial, slot)
+    with pytest.raises(ValueError, match="whole uint64"):
+        ACCEL.slot_counts(b"\x00" * 9)
+
+
+@needs_accel
 def test_a_large_key_masks_table_is_exact_and_counted() -> None:
     # Past 2 MiB of slots the table is allocated on huge-page boundaries, outside Python's
     # allocator: it still equals the dict through growth and deletions, and tracemalloc
@@ -273,6 +298,23 @@ def _hash_everything() -> list[list[bytes]]:
         inc.extend(shared[start : start + 7])
     out.append(inc.hashes)
     return out
+
+
+def test_a_request_given_its_token_bytes_equals_one_given_its_list() -> None:
+    # The router's intake converts a body's ids once and hands the bytes on (CacheRequest's
+    # `token_bytes`): the request's tokens, hashes and keys are the list's.
+    rng = random.Random(19)
+    geo = geometry("full:16", "sliding:16:64")
+    for n in (0, 1, 15, 16, 17, 300):
+        prompt = _random_tokens(rng, n)
+        plain = CacheRequest("r", prompt, rules_for(geo), geo.hash_unit, "s")
+        given = CacheRequest("r", prompt, rules_for(geo), geo.hash_unit, "s",
+                             token_bytes=int32_bytes(prompt))
+        assert given.tokens.tolist() == plain.tokens.tolist() == prompt
+        assert given.hashes.hashes == plain.hashes.hashes
+        assert [given.keys(g) for g in (0, 1)] == [plain.keys(g) for g in (0, 1)]
+    with pytest.raises(ValueError, match="int32"):
+        CacheRequest("r", [1, 2], rules_for(geo), geo.hash_unit, token_bytes=b"\x01" * 4)
 
 
 def test_requests_hash_the_same_without_the_accelerator(

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from relaykv.kvcache import accel
 from relaykv.router.backends import BackendPool
 from relaykv.router.index import EngineIndex
 from relaykv.router.policy import CacheAwarePolicy, Candidate, ConditionalRule
@@ -16,8 +17,15 @@ from relaykv.router.routing import Routing
 from tests.kvcache.conftest import geometry, tokens
 
 
+@pytest.mark.parametrize("accelerated", [True, False], ids=["accel", "pure-python"])
 @pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
-def test_lazy_choice_equals_full_evaluation(role: str) -> None:
+def test_lazy_choice_equals_full_evaluation(
+    role: str, accelerated: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the accelerator (C holders table, every slot counted in one pass) and without
+    # (dict, numpy slot by slot): the same exact hits, bounds and choices.
+    if not accelerated:
+        monkeypatch.setattr(accel, "native", None)
     rng = random.Random(role)
     geo = geometry("full:16", "sliding:16:32", draft=0)
     systems = [tokens(rng.randrange(64, 400), seed=s) for s in range(4)]

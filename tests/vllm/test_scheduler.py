@@ -4,6 +4,8 @@ connector.py, events.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.vllm.conftest import SKIP_REASON
@@ -12,6 +14,7 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+from vllm.v1.request import RequestStatus
 
 from relaykv.kvcache.geometry import preset
 from relaykv.vllm.manager import RelayKVCacheManager
@@ -207,3 +210,45 @@ def test_vllm_s_reservation_for_requests_in_flight_asks_relaykv(model_dirs) -> N
     req_to_blocks = s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
     assert list(req_to_blocks) == ["a"]
     assert [b.block_id for b in req_to_blocks["a"]] == relay.requests["a"].tables[0]
+
+
+def _abort_during_the_load(model_dirs, policy: str, recv_done_first: bool) -> tuple[int, int, Any]:
+    """P prefills a prompt for D; D admits it (its load handed to the worker), then the
+    client aborts it: before the worker reports the transfer over (vLLM frees the blocks on
+    that report), or after (the request is freed at once). Returns D's free blocks before
+    and after, and D's scheduler."""
+    p = StandInWorker(_engine(model_dirs, policy, "kv_producer"))
+    d = StandInWorker(_engine(model_dirs, policy, "kv_consumer"))
+    pool = d.scheduler.kv_cache_manager.block_pool
+    total = pool.get_num_free_blocks()
+    prompt = list(range(1, 1001))
+    p.scheduler.add_request(_request("p", prompt, {"do_remote_decode": True}, 16))
+    params = _run_to_end(p, "p")
+    d.scheduler.add_request(_request("d", prompt, dict(params), 16))
+    launched = d.launch()  # D admits it: its load goes to the worker
+    assert pool.get_num_free_blocks() < total
+    if recv_done_first:
+        d.land(*launched)  # the transfer is over; the request waits to be resumed
+        d.scheduler.finish_requests("d", RequestStatus.FINISHED_ABORTED)
+    else:
+        d.scheduler.finish_requests("d", RequestStatus.FINISHED_ABORTED)
+        d.land(*launched)  # the transfer is over: vLLM frees the aborted request's blocks
+    for _ in range(2):
+        d.step()
+    return total, pool.get_num_free_blocks(), d.scheduler
+
+
+@pytest.mark.parametrize("recv_done_first", [False, True])
+def test_a_request_aborted_during_its_load_gives_its_blocks_back(model_dirs, recv_done_first):
+    # A client that aborts a P/D request while D loads its KV: stock vLLM returns every
+    # block once the transfer is over; so must relaykv (the load was left pending for good,
+    # its blocks held: a client could drain D's pool request by request).
+    total, after, _ = _abort_during_the_load(model_dirs, "legacy", recv_done_first)
+    assert after == total  # the reference: stock vLLM
+    total, after, s = _abort_during_the_load(model_dirs, "per-group", recv_done_first)
+    assert after == total
+    relay = s.relaykv.relay
+    assert not relay.requests and not relay.loads.active and relay.check() == []
+    # nothing it received is keyed: the free blocks carry no hash vLLM's readers would ask
+    view = s.kv_cache_manager.block_pool
+    assert all(b.block_hash is None for b in view.free_block_queue.get_all_free_blocks())

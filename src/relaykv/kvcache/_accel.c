@@ -27,6 +27,12 @@
  *       blocks: a long unit or salt). False (and `chain` keeps calling `digest`) otherwise:
  *       a build of xxhash that does not export the symbol, or a platform without dlopen.
  *
+ *   slot_counts(masks) -> (held, runs)
+ *       For a buffer of native uint64 bitmasks (one per prompt key, bit s: engine slot s
+ *       holds the key), two lists of 64 ints: held[s], the keys whose mask has bit s, and
+ *       runs[s], the keys from key 0 on whose masks all have bit s (the run of held keys
+ *       from the first). The reference is accel.slot_held_py / slot_run_py, slot by slot.
+ *
  *   values_u64(mapping, keys) -> bytes
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
  *       where the key is absent: a router's pass over a prompt's keys in the map of which
@@ -949,7 +955,81 @@ static PyTypeObject KeyMasksType = {
     .tp_new = km_new,
 };
 
+#if defined(__GNUC__) || defined(__clang__)
+#define LOWEST_BIT(x) __builtin_ctzll(x)
+#else
+static inline int
+LOWEST_BIT(uint64_t x)
+{
+    int b = 0;
+    while (!(x & 1)) {
+        x >>= 1;
+        b++;
+    }
+    return b;
+}
+#endif
+
+static PyObject *
+slot_counts(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (view.len % 8 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slot_counts: masks must be whole uint64 values");
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 8;
+    const char *p = (const char *)view.buf;
+    Py_ssize_t held[64] = {0}, runs[64];
+    uint64_t all = ~(uint64_t)0; /* the slots holding every key so far */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t m;
+        memcpy(&m, p + 8 * i, 8);
+        for (uint64_t ended = all & ~m; ended; ended &= ended - 1) {
+            runs[LOWEST_BIT(ended)] = i;
+        }
+        all &= m;
+        for (; m; m &= m - 1) {
+            held[LOWEST_BIT(m)]++;
+        }
+    }
+    for (; all; all &= all - 1) {
+        runs[LOWEST_BIT(all)] = n;
+    }
+    PyBuffer_Release(&view);
+    PyObject *h = PyList_New(64), *r = PyList_New(64), *out = PyTuple_New(2);
+    if (h == NULL || r == NULL || out == NULL) {
+        goto fail;
+    }
+    for (int b = 0; b < 64; b++) {
+        PyObject *x = PyLong_FromSsize_t(held[b]);
+        if (x == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(h, b, x);
+        x = PyLong_FromSsize_t(runs[b]);
+        if (x == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(r, b, x);
+    }
+    PyTuple_SET_ITEM(out, 0, h);
+    PyTuple_SET_ITEM(out, 1, r);
+    return out;
+fail:
+    Py_XDECREF(h);
+    Py_XDECREF(r);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"slot_counts", (PyCFunction)slot_counts, METH_O,
+     "slot_counts(masks) -> (held, runs): per engine slot, keys held and the run from key 0"},
     {"int32_bytes", (PyCFunction)(void (*)(void))int32_bytes, METH_FASTCALL,
      "int32_bytes(tokens, strict=False) -> little-endian int32 bytes of token ids"},
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,

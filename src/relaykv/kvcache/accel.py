@@ -82,6 +82,29 @@ def int32_bytes_py(tokens: Sequence[int], strict: bool = False) -> bytes:
     raise ValueError("token ids could not be packed as int32")  # struct refused nothing
 
 
+def slot_counts(masks: np.ndarray) -> tuple[list[int], list[int]] | None:
+    """For a uint64 array of bitmasks (one per prompt key; bit s: engine slot s holds it),
+    per slot 0..63 the keys held (`slot_held_py`) and the run of held keys from key 0
+    (`slot_run_py`), in one C pass; None without the accelerator (ask slot by slot)."""
+    count = getattr(native, "slot_counts", None)  # None: not built, or built before it
+    if count is None:
+        return None
+    held, runs = count(np.ascontiguousarray(masks, dtype=np.uint64))
+    return held, runs
+
+
+def slot_held_py(masks: np.ndarray, slot: int) -> int:
+    """How many of `masks` have bit `slot` (`slot_counts` for one slot, in numpy)."""
+    return int(np.count_nonzero(masks & np.uint64(1 << slot)))
+
+
+def slot_run_py(held_from_0: np.ndarray, slot: int) -> int:
+    """How many masks from the first on all have bit `slot`, given `held_from_0`, the
+    masks' `np.bitwise_and.accumulate` (`slot_counts` for one slot, in numpy): a slot's bit
+    only clears along it, so it is set exactly on that run."""
+    return int(np.count_nonzero(held_from_0 & np.uint64(1 << slot)))
+
+
 def values_u64(mapping: Mapping[bytes, int], keys: Sequence[bytes]) -> np.ndarray:
     """Per key, `mapping.get(key, 0)` as a uint64 array (values are ints in [0, 2**64))."""
     if native is not None and type(mapping) is dict and isinstance(keys, list | tuple):

@@ -181,7 +181,14 @@ class _StreamCounts:
         self.on_end()
         if unread is not None:  # collected unread: close the engine's stream when we can
             with contextlib.suppress(RuntimeError):  # no running loop: the client closes it
-                asyncio.get_running_loop().create_task(unread.aclose())
+                task = asyncio.get_running_loop().create_task(unread.aclose())
+                # the loop keeps only a weak reference to a task: hold it until it is done
+                _CLOSING.add(task)
+                task.add_done_callback(_CLOSING.discard)
+
+
+# Engine streams being closed after their relay was collected unread (see release).
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 def relayed(resp: httpx.Response) -> Response:

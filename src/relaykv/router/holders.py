@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from relaykv.kvcache.accel import KeyMasks, key_masks
+from relaykv.kvcache.accel import KeyMasks, key_masks, slot_counts, slot_held_py, slot_run_py
 
 MAX_SLOTS = 64  # bitmasks stay numpy uint64; later engines are counted one by one
 
@@ -46,30 +46,36 @@ class KeyHolders:
 
 
 class PromptCounts:
-    """How many of one prompt's keys in one group each slot holds (one pass over the
-    holders map, then numpy)."""
+    """How many of one prompt's keys in one group each slot holds, and each slot's run of
+    held keys from key 0 (one pass over the holders map, then one C pass counting every
+    slot at once, or numpy slot by slot without the accelerator)."""
 
-    __slots__ = ("_array", "_held_from_0", "_runs")
+    __slots__ = ("_array", "_counted", "_held_from_0", "_runs")
 
     def __init__(self, holders: KeyHolders, group: int, keys: Sequence[bytes]) -> None:
         self._array = holders.group(group).values(keys)
+        self._counted = slot_counts(self._array)  # (held, runs) per slot; None: no C
         self._held_from_0: np.ndarray | None = None
         self._runs: dict[int, int] = {}
 
     def run(self, slot: int, limit: int) -> int:
         """The run of keys from key 0 that `slot` holds, within the first `limit`: kvcache's
         `matched_blocks` on that engine's map, without probing it."""
-        run = self._runs.get(slot)
-        if run is None:
-            if self._held_from_0 is None:  # per key, the slots holding every key up to it
-                self._held_from_0 = np.bitwise_and.accumulate(self._array)
-            # a slot's bit only clears along the keys: it is set exactly on its run
-            held = self._held_from_0 & np.uint64(1 << slot)
-            run = self._runs[slot] = int(np.count_nonzero(held))
+        if self._counted is not None:
+            run = self._counted[1][slot]
+        else:
+            found = self._runs.get(slot)
+            if found is None:
+                if self._held_from_0 is None:  # per key, the slots holding every key to it
+                    self._held_from_0 = np.bitwise_and.accumulate(self._array)
+                found = self._runs[slot] = slot_run_py(self._held_from_0, slot)
+            run = found
         return min(run, max(0, limit))
 
     def held(self, slot: int) -> int:
-        return int(np.count_nonzero(self._array & np.uint64(1 << slot)))
+        if self._counted is not None:
+            return self._counted[0][slot]
+        return slot_held_py(self._array, slot)
 
     def found(self, slot: int, start: int, stop: int) -> np.ndarray:
         """Per key `start..stop-1`, 1 where `slot` holds it, else 0: an engine's probes for

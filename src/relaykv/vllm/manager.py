@@ -330,7 +330,14 @@ class RelayKVCacheManager(VllmKVCacheManager):
             self._commit(request, creq, request.num_computed_tokens - request.num_in_flight_tokens)
         self._external_loads.discard(request.request_id)
         if request.is_finished():
-            self.relay.release(creq)
+            self.relay.release(creq)  # deferred while its own transfer is pending
+            load = self._loads.get(request.request_id)
+            if load is not None and load.pending:
+                # Finished (aborted) while it waited for its KV: vLLM frees such a request
+                # only once its transfer is over, or never began, so nothing writes the
+                # blocks any more. Its load settles as failed (nothing it received is keyed)
+                # and its blocks return; left pending, they would stay held for good.
+                self.own_transfer_ended(request, ok=False)
             self._requests.pop(request.request_id, None)
             self._loads.pop(request.request_id, None)
             self.names.forget(request.request_id)
