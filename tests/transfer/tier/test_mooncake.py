@@ -1,11 +1,15 @@
 """The Mooncake Store tier (`relaykv.transfer.tier.mooncake`, docs/tier.md "Mooncake Store").
 
 Without the library: object names and tags (`store_keys.py`), and the backend's jobs,
-probes and health handling over an in-memory client with Mooncake's calling conventions.
+probes, health handling and marker over an in-memory client with Mooncake's calling
+conventions and its placement (a put goes to the preferred segment when it is mounted, else
+to any segment that is): after a master restart no put lands in another engine's segment
+before this engine's own is mounted again.
 With it (skipped with the reason and the install command otherwise): two engines' tiers
 as clients of a real `mooncake_master`: what one stores the other finds and loads; closing a
 client leaves none of its objects behind; a killed master fails jobs at once with a warning
-and the tiers serve on, and a restarted one takes stores and serves hits again.
+and the tiers serve on, and a restarted one takes stores and serves hits again; restarted
+while another client is mounted first, every store reported done sits in its own segment.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import ctypes
 import logging
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -22,7 +28,7 @@ import torch
 from relaykv.kvcache.tier import JobKind, SharedTierBackend, TierCopy, TierJob
 from relaykv.transfer.tier.mooncake import MooncakeTier, mooncake_unavailable
 from relaykv.transfer.tier.registry import backend_names
-from relaykv.transfer.tier.store_keys import TAG_BYTES, StoreKeys
+from relaykv.transfer.tier.store_keys import MARKER_PREFIX, TAG_BYTES, StoreKeys
 
 SECRET = b"s" * 32
 
@@ -52,11 +58,23 @@ def test_cache_salt_changes_the_block_key() -> None:
 
 
 class MemoryStore:
-    """Objects by name, read and written through raw pointers as Mooncake's client does."""
+    """Objects by name, read and written through raw pointers as Mooncake's client does, in
+    the segments the clients mounted."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.segment_of: dict[str, str] = {}
+        self.mounted: list[str] = []
         self.health = 0  # 2: master unreachable
+
+    def restart(self) -> None:
+        """A new master: no object, and no segment until its client mounts it again."""
+        self.objects.clear()
+        self.segment_of.clear()
+        self.mounted.clear()
+
+    def objects_in(self, segment: str) -> list[str]:
+        return [k for k, seg in self.segment_of.items() if seg == segment]
 
 
 class MemoryClient:
@@ -65,6 +83,7 @@ class MemoryClient:
         self.segment = segment
         self.closed = False
         self.calls = 0
+        store.mounted.append(segment)
 
     def get_hostname(self) -> str:
         return self.segment
@@ -75,11 +94,38 @@ class MemoryClient:
     def batch_put_from(
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int], config: object = None
     ) -> list[int]:
+        """Mooncake's placement: the preferred segment when mounted, else any mounted one;
+        an existing name is left as it is (and reported done)."""
         self.calls += 1
         if self.store.health:
             return [-900] * len(keys)
+        preferred = getattr(config, "preferred_segment", self.segment)
+        mounted = self.store.mounted
+        if not mounted:
+            return [-200] * len(keys)
+        where = preferred if preferred in mounted else mounted[0]
         for key, ptr, size in zip(keys, buffer_ptrs, sizes, strict=True):
-            self.store.objects[key] = ctypes.string_at(ptr, size)
+            if key not in self.store.objects:
+                self.store.objects[key] = ctypes.string_at(ptr, size)
+                self.store.segment_of[key] = where
+        return [0] * len(keys)
+
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[object]]:
+        out: dict[str, list[object]] = {}
+        for key in keys:
+            if key in self.store.objects:
+                buffer = SimpleNamespace(transport_endpoint="te-" + self.store.segment_of[key])
+                memory = SimpleNamespace(buffer_descriptor=buffer)
+                replica = SimpleNamespace(
+                    is_memory_replica=lambda: True, get_memory_descriptor=lambda m=memory: m
+                )
+                out[key] = [replica]
+        return out
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
+        for key in keys:
+            self.store.objects.pop(key, None)
+            self.store.segment_of.pop(key, None)
         return [0] * len(keys)
 
     def batch_get_into(
@@ -109,6 +155,10 @@ class MemoryClient:
 
     def close(self) -> int:
         self.closed = True
+        for key in self.store.objects_in(self.segment):
+            self.batch_remove([key])
+        if self.segment in self.store.mounted:
+            self.store.mounted.remove(self.segment)
         return 0
 
 
@@ -189,12 +239,53 @@ def test_lost_master_fails_fast_warns_once_and_recovers(caplog) -> None:
         lost = [r for r in caplog.records if "unreachable" in r.getMessage()]
         assert len(lost) == 1 and b.epoch == 1
         store.health = 0
-        store.objects.clear()  # a new master starts empty
+        store.restart()  # a new master starts empty; both segments are mounted again
+        store.mounted += ["a", "b"]
         _exchange(kv_a, kv_b, a, b)
-        assert b.epoch == 2 and any("is back" in r.getMessage() for r in caplog.records)
+        assert any("is back" in r.getMessage() for r in caplog.records)
+        assert b.epoch == 3  # back, and its marker gone (the index is forgotten)
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_no_put_lands_in_another_segment_before_its_own_is_back(caplog) -> None:
+    """A restarted master mounts each client's segment when that client's heartbeat finds it;
+    in between, Mooncake places a put whose own segment is missing in another one, where it
+    would die with that engine (a later reader: TRANSFER_FAIL). The marker keeps puts back."""
+    store = MemoryStore()
+    kv_a, kv_b, a, b = _pair(lambda seg: MemoryClient(store, seg))
+    try:
+        _exchange(kv_a, kv_b, a, b)
+        caplog.set_level(logging.WARNING)
+        store.restart()  # too quick for the health check: the clients stay healthy
+        store.mounted.append("b")  # B's heartbeat came first
+        epoch = a.epoch
+        put = _job(7, JobKind.STORE, [(0, b"w" * 16, 4)])
+        a.submit(put)
+        assert _wait(a) == [(put, False)]
+        assert store.objects_in("b") == []  # A's marker, put there, was taken back
+        assert a.epoch == epoch + 1  # the marker's loss told A its index is stale
+        assert any("no longer holds" in r.getMessage() for r in caplog.records)
+        assert not b.probe([(0, b"w" * 16)])[0]
+
+        store.mounted.append("a")  # A's heartbeat remounted its segment
+        a.submit(put)
+        assert _wait(a) == [(put, True)]
+        name = a.keys.name(0, b"w" * 16)
+        assert store.segment_of[name] == "a" and store.segment_of[a.keys.marker("a")] == "a"
+        assert b.probe([(0, b"w" * 16)]) == [True]
+        load = _job(8, JobKind.LOAD, [(0, b"w" * 16, 0)])
+        b.submit(load)
+        assert _wait(b) == [(load, True)] and torch.equal(kv_b[0], kv_a[4])
+        calls = a.client.calls  # type: ignore[attr-defined]
+        a.submit(put)  # already in the store: nothing is copied again
+        assert _wait(a) == [(put, True)] and a.client.calls == calls + 1  # type: ignore[attr-defined]
+        assert all(k.startswith(MARKER_PREFIX) for k in store.objects_in("b"))
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert store.objects == {}  # closing took each engine's objects and marker with it
 
 
 needs_mooncake = pytest.mark.skipif(
@@ -237,7 +328,7 @@ def test_real_master_share_close_kill_restart(tmp_path, caplog) -> None:
         c = MooncakeTier(kv_c, 16, connect_store(ports.address, 4 << 20), b.keys, 5.0)
         tiers.append(c)
         deadline = time.monotonic() + 30
-        while b.probe([(0, b"z" * 16)]) != [False] or b.epoch != 2:
+        while b.probe([(0, b"z" * 16)]) != [False] or b.epoch < 2:
             assert time.monotonic() < deadline, "the client never saw the master back"
             time.sleep(0.2)
         store = _job(4, JobKind.STORE, [(0, b"z" * 16, 3)])
@@ -251,4 +342,61 @@ def test_real_master_share_close_kill_restart(tmp_path, caplog) -> None:
     finally:
         for tier in tiers:
             tier.shutdown()
+        master.stop(10)
+
+
+@needs_mooncake
+def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
+    """Restarted, a master mounts a new client's segment at its setup and a running client's
+    at that client's next heartbeat, up to a second later. A stores all along from the
+    restart on: every store it reports done sits in its own segment (where its stores went
+    before the restart), none in the new client's, and A knew its index was stale."""
+    from relaykv.transfer.tier.mooncake import connect_store
+    from relaykv.transfer.tier.store_master import MasterPorts, start_master
+
+    def endpoints(client, names: list[str]) -> list[list[str]]:
+        descs = client.batch_get_replica_desc(names)
+        return [
+            [r.get_memory_descriptor().buffer_descriptor.transport_endpoint for r in descs[n]]
+            for n in names
+        ]
+
+    ports = MasterPorts.free()
+    master = start_master(ports, tmp_path / "master.log")
+    kv = torch.randint(0, 255, (8, 64), dtype=torch.uint8)
+    a = MooncakeTier(kv, 16, connect_store(ports.address, 4 << 20), StoreKeys(SECRET, "t"), 5.0)
+    others = []
+    try:
+        first = _job(0, JobKind.STORE, [(0, b"before".ljust(16), 1)])
+        a.submit(first)
+        assert _wait(a) == [(first, True)]
+        [[own]] = endpoints(a.client, [a.keys.name(0, b"before".ljust(16))])
+        job_id = 1
+        for cycle in range(2):
+            epoch = a.epoch
+            master.proc.kill()  # type: ignore[union-attr]
+            master.proc.wait()  # type: ignore[union-attr]
+            master = start_master(ports, tmp_path / "master.log")
+            others.append(connect_store(ports.address, 4 << 20))  # mounted before A's remount
+            stored: list[str] = []
+            deadline = time.monotonic() + 20
+            while len(stored) < 3:
+                assert time.monotonic() < deadline, "A's stores never resumed"
+                key = f"{cycle}-{job_id}".encode().ljust(16)
+                job = _job(job_id, JobKind.STORE, [(0, key, job_id % 8)])
+                job_id += 1
+                a.submit(job)
+                [(_, ok)] = _wait(a)
+                if ok:
+                    stored.append(a.keys.name(0, key))
+                time.sleep(0.01)
+            assert endpoints(a.client, stored) == [[own]] * len(stored)
+            assert a.epoch > epoch
+            detail = httpx.get(f"http://127.0.0.1:{ports.admin}/get_segments_detail").json()
+            used = {s["te_endpoint"]: s["allocator_used_bytes"] for s in detail["segments"]}
+            assert used.pop(own) > 0 and set(used.values()) == {0}  # nothing of A elsewhere
+    finally:
+        a.shutdown()
+        for client in others:
+            client.close()
         master.stop(10)

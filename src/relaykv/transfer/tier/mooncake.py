@@ -18,9 +18,27 @@ that finds no master marks it lost for a few seconds (Mooncake's health check no
 after some missed pings). While it is lost, jobs fail at once (a load's request computes,
 or asks its prefill engine; a store is dropped) and probes find nothing; each change is
 logged once (a warning when the master is lost) and bumps `epoch`, upon which the cache
-forgets what it believed the store held (a restarted master starts empty). When the master
-is back, Mooncake's client remounts this engine's segment by itself and stores and hits
-resume.
+forgets what it believed the store held (a restarted master starts empty).
+
+A restarted master knows no segment until each client's heartbeat finds it and remounts its
+segment, a second or so later, each client on its own schedule; meanwhile the client's
+health check already says healthy, and Mooncake places a put whose preferred segment is not
+mounted in any segment that is (its preference is best effort). A put in that window would
+land in another engine's segment and die with that engine: a reader then gets
+`TRANSFER_FAIL` from the dead segment (or a miss once its TTL dropped it). So each engine
+keeps a *marker*, a one-byte hard-pinned object, in its own segment, and asks for it in the
+same `batch_is_exist` that every put and probe sends anyway. Present: this master has this
+engine's segment mounted (a segment's objects go when it is unmounted). Missing: the master
+restarted (or dropped the segment), which bumps `epoch` even when the restart was too quick
+for the health check to notice, and no put is sent until the worker has put the marker again
+and found it in this engine's own segment (its transfer endpoint, learnt from the marker put
+at setup, when setup had just mounted the segment); a marker that landed elsewhere is removed
+and the store job fails (the checkpoint is stored by a later request). A put also skips the
+blocks the store already holds. Left open: a master that dies and comes back between the
+check and the put (a few microseconds apart) could still misplace that one put; and a put
+whose own segment is full spills into another segment, as Mooncake places it (the master
+manages the store's memory; such a block dies with that segment's engine, and a load of it
+then fails and is computed or asked of P).
 """
 
 from __future__ import annotations
@@ -51,6 +69,8 @@ STAGING_BYTES = 32 << 20  # the worker's staging buffer, at least one block
 HEALTHY = 0
 MASTER_LOST = {-900}  # Mooncake's RPC_FAIL: the master did not answer
 RETRY_S = 3.0  # after a call found the master gone, how long before the store is tried again
+MARKER_BYTES = 1
+REMARK = "remark"  # a worker queue item: put the marker again (a probe found it missing)
 
 
 class StoreClient(Protocol):
@@ -65,6 +85,8 @@ class StoreClient(Protocol):
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
     ) -> list[int]: ...
     def batch_is_exist(self, keys: list[str]) -> list[int]: ...
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[Any]]: ...
+    def batch_remove(self, keys: list[str], force: bool = ...) -> list[int]: ...
     def health_check(self) -> int: ...
     def close(self) -> int: ...
 
@@ -126,14 +148,23 @@ class MooncakeTier:
             raise ConnectionError(f"Mooncake Store register_buffer failed ({rc})")
         self._segment = client.get_hostname()
         self._put_config = self._config()
-        self.epoch = 0  # bumped on every change of the master's health
+        self._marker_config = self._config(pinned=True)
+        self._marker = keys.marker(self._segment)
+        self.epoch = 0  # bumped on every change of the master's health, and on a lost marker
         self._healthy = True
         self._retry_at = 0.0
         self._health_lock = threading.Lock()
+        self._endpoint = ""  # where this engine's segment is reached (learnt from the marker)
+        self._marked = False  # the master holds the marker in this engine's segment
+        self._marks = 0  # markers placed so far (an answer older than the last one is stale)
+        self._remark_queued = False
+        if not self._place_marker():
+            raise ConnectionError(f"Mooncake Store master {master}: could not place the marker")
+        self._marked = True
         self.bytes_stored = 0
         self.bytes_loaded = 0
         self.rejected_values = 0  # loads refused: a tag that did not verify
-        self._jobs: queue.SimpleQueue[TierJob | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[TierJob | str | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[tuple[TierJob, bool]] = queue.SimpleQueue()
         self._prober = concurrent.futures.ThreadPoolExecutor(1, "relaykv-kv-store-probe")
         self._probing: concurrent.futures.Future[list[bool]] | None = None
@@ -205,10 +236,83 @@ class MooncakeTier:
         return ok
 
     def _exist(self, names: list[str]) -> list[bool]:
-        codes = self.client.batch_is_exist(names)
+        marks = self._marks
+        codes = self.client.batch_is_exist([self._marker, *names])
         if any(c in MASTER_LOST for c in codes):
             self._check_health(failed_call=True)
-        return [c == 1 for c in codes]
+            return [False] * len(names)
+        if codes[0] == 0:
+            self._marker_missing(marks)
+            with self._health_lock:
+                queue_it, self._remark_queued = not self._remark_queued, True
+            if queue_it:
+                self._jobs.put(REMARK)
+        return [c == 1 for c in codes[1:]]
+
+    # -- the marker ----------------------------------------------------------------------
+    def _marker_missing(self, marks: int) -> None:
+        """The master answered without this engine's marker (asked when `marks` markers had
+        been placed): it restarted (or dropped the segment), so what the cache believed the
+        store held is gone."""
+        with self._health_lock:
+            if not self._marked or marks != self._marks:
+                return
+            self._marked = False
+            self.epoch += 1
+        log.warning(
+            "KV store master %s no longer holds this engine's segment (restarted?): the "
+            "store's blocks are forgotten; puts resume once the segment is mounted again",
+            self.master,
+        )
+
+    def _place_marker(self) -> bool:
+        """Put the marker; True when it sits in this engine's own segment (the first call,
+        right after setup mounted the segment, learns where that is)."""
+        ptr = self._stage.ctypes.data
+        if self._marker_config is None:
+            codes = self.client.batch_put_from([self._marker], [ptr], [MARKER_BYTES])
+        else:
+            codes = self.client.batch_put_from(
+                [self._marker], [ptr], [MARKER_BYTES], self._marker_config
+            )
+        if codes != [0]:
+            self._note_failure(codes, "marker put")
+            return False
+        where = self._endpoints([self._marker]).get(self._marker, [])
+        if not self._endpoint and len(where) == 1:
+            self._endpoint = where[0]
+        if where == [self._endpoint]:
+            return True
+        self.client.batch_remove([self._marker], True)
+        return False
+
+    def _remark(self) -> bool:
+        """Whether this engine's segment is mounted on the master (the marker put again and
+        found there); puts wait for it."""
+        with self._health_lock:
+            self._remark_queued = False
+            if self._marked:
+                return True
+        if not self._place_marker():
+            log.info("KV store: this engine's segment is not mounted again yet; put dropped")
+            return False
+        with self._health_lock:
+            self._marked = True
+            self._marks += 1
+        log.warning("KV store master %s: this engine's segment is back: puts resume", self.master)
+        return True
+
+    def _endpoints(self, names: list[str]) -> dict[str, list[str]]:
+        """Where each object's memory replicas are (their transfer endpoints)."""
+        descs = self.client.batch_get_replica_desc(names)
+        return {
+            name: [
+                r.get_memory_descriptor().buffer_descriptor.transport_endpoint
+                for r in replicas
+                if r.is_memory_replica()
+            ]
+            for name, replicas in descs.items()
+        }
 
     # -- the worker ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -216,6 +320,10 @@ class MooncakeTier:
             job = self._jobs.get()
             if job is None:
                 return
+            if isinstance(job, str):  # REMARK
+                if self._check_health():
+                    self._remark()
+                continue
             ok = False
             if self._check_health():
                 try:
@@ -239,10 +347,23 @@ class MooncakeTier:
         return [base + i * self.row_bytes for i in range(n)], [self.row_bytes] * n
 
     def _store(self, chunk: Sequence[TierCopy]) -> bool:
+        names = [self.keys.name(c.group, c.key) for c in chunk]
+        marks = self._marks
+        codes = self.client.batch_is_exist([self._marker, *names])
+        if any(c < 0 for c in codes):
+            self._note_failure(codes, "exist")
+            return False
+        if codes[0] == 0:
+            self._marker_missing(marks)
+        if not self._remark():
+            return False
+        todo = [i for i, c in enumerate(codes[1:]) if c != 1]  # the rest is in the store
+        chunk, names = [chunk[i] for i in todo], [names[i] for i in todo]
         n, bb = len(chunk), self.block_bytes
+        if n == 0:
+            return True
         stage = self._stage[:n]
         stage[:, :bb] = self._read_pages([c.block for c in chunk])
-        names = [self.keys.name(c.group, c.key) for c in chunk]
         for i, name in enumerate(names):
             stage[i, bb:] = np.frombuffer(self.keys.tag(name, stage[i, :bb].data), np.uint8)
         ptrs, sizes = self._ptrs(n)
@@ -280,15 +401,17 @@ class MooncakeTier:
         if any(c in MASTER_LOST for c in bad):
             self._check_health(failed_call=True)
 
-    def _config(self) -> Any:
+    def _config(self, pinned: bool = False) -> Any:
         """Puts go to this engine's own segment (it dies: only its own puts go with it);
-        None for a client that is not Mooncake's (tests)."""
+        `pinned` (the marker): never evicted. None for a client that is not Mooncake's
+        (tests)."""
         try:
             from mooncake.store import ReplicateConfig
         except Exception:  # not installed, or its shared library does not load
             return None
         config = ReplicateConfig()
         config.preferred_segment = self._segment
+        config.with_hard_pin = pinned
         return config
 
     def _read_pages(self, blocks: list[int]) -> np.ndarray:

@@ -11,6 +11,9 @@ A value is the block's bytes followed by a 32-byte HMAC-SHA256 tag under a secon
 key, over the object's name and the bytes: a load accepts only bytes a member of the
 cluster stored under that very name (a forged or moved value fails the load, which the
 engine then computes). Values are authenticated, not encrypted (docs/security.md).
+
+Each engine also keeps one *marker* in its own segment (`marker`, named after the segment:
+see `mooncake.py`), a one-byte object no engine reads.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from relaykv.common.plumbing.derived_keys import derive_key
 
 TAG_BYTES = 32
 NAME_PREFIX = "relaykv/"
+MARKER_PREFIX = NAME_PREFIX + "segment/"  # never a block's name (those are 48 hex digits)
 
 
 class StoreKeys:
@@ -40,6 +44,11 @@ class StoreKeys:
         mac.update(group.to_bytes(4, "little"))
         mac.update(key)
         return NAME_PREFIX + mac.hexdigest()[:48]
+
+    def marker(self, segment: str) -> str:
+        """The name of the marker the engine lending `segment` keeps in it."""
+        mac = hmac.new(self._names, b"segment-marker|" + segment.encode(), hashlib.sha256)
+        return MARKER_PREFIX + mac.hexdigest()[:48]
 
     def tag(self, name: str, data: memoryview | bytes) -> bytes:
         """The tag a value stored under `name` with these bytes carries."""
