@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 ROUTING_MODES: tuple[str, ...] = ("cache-aware", "least-loaded", "round-robin")
 DISAGGREGATION_MODES: tuple[str, ...] = ("conditional", "always", "never")
@@ -82,9 +82,11 @@ DEFAULT_CONDITIONAL_MAX_RUNNING = 0
 _EPS = 0.005
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One engine as a policy sees it for one request."""
+class Candidate(NamedTuple):
+    """One engine as a policy sees it for one request (a named tuple, not a frozen
+    dataclass: a router builds one per engine per decision, and a frozen dataclass's
+    `__init__` sets each field through `object.__setattr__`, several times slower;
+    docs/routing.md "Cost")."""
 
     hit_tokens: int = 0  # usable prompt tokens already held there (0 when unknown)
     prompt_tokens: int = 0
@@ -192,9 +194,9 @@ class CacheAwarePolicy(_Turns):
         return self.tie(sorted(i for i in tied if candidates[i].cached_blocks == fewest))
 
 
-@dataclass(frozen=True, slots=True)
-class PathChoice:
-    """Where a request's prompt is computed: `local` (the decode engine itself) or `pd`."""
+class PathChoice(NamedTuple):
+    """Where a request's prompt is computed: `local` (the decode engine itself) or `pd` (a
+    named tuple, as `Candidate`)."""
 
     local: bool
     suffix: int  # prompt tokens the decode engine would compute itself (-1: unknown)

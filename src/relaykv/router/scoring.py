@@ -15,15 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from relaykv.router.index import EngineIndex
 from relaykv.router.policy import CacheAwarePolicy, Candidate, RoutingPolicy
 from relaykv.router.prompt import Prompt
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EngineView:
-    """One engine as scored for one prompt."""
+    """One engine as scored for one prompt (not frozen: a router builds one per engine per
+    decision, and a frozen dataclass sets each field through `object.__setattr__`, several
+    times slower; docs/routing.md "Cost")."""
 
     index: EngineIndex | None  # what it holds (None: judged on load alone)
     in_flight: int  # requests this router has in flight there
@@ -32,8 +35,7 @@ class EngineView:
     computing: int = 0  # the resume point prefixes in flight there give the prompt
 
 
-@dataclass(frozen=True, slots=True)
-class Scored:
+class Scored(NamedTuple):
     """The policy's choice: an index into the views, with the usable hit it saw there."""
 
     choice: int
