@@ -79,7 +79,7 @@ class TierHeld:
 
     @property
     def num_blocks(self) -> int:
-        return sum(len(m) for m in self.maps)
+        return sum(map(len, self.maps))
 
 
 @dataclass(eq=False)
@@ -129,7 +129,7 @@ class EngineIndex:
     # -- feeding ---------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
-        return sum(len(m) for m in self.maps)
+        return sum(map(len, self.maps))
 
     def reset(self) -> None:
         """Forget everything (engine restarted, disconnected, or an unrecoverable gap)."""
