@@ -350,7 +350,8 @@ def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
     """Restarted, a master mounts a new client's segment at its setup and a running client's
     at that client's next heartbeat, up to a second later. A stores all along from the
     restart on: every store it reports done sits in its own segment (where its stores went
-    before the restart), none in the new client's, and A knew its index was stale."""
+    before the restart), none in the new client's, and A knew its index was stale; the store
+    lists what A stored since the restart and A's marker, nothing older."""
     from relaykv.transfer.tier.mooncake import connect_store
     from relaykv.transfer.tier.store_master import MasterPorts, start_master
 
@@ -395,6 +396,9 @@ def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
             detail = httpx.get(f"http://127.0.0.1:{ports.admin}/get_segments_detail").json()
             used = {s["te_endpoint"]: s["allocator_used_bytes"] for s in detail["segments"]}
             assert used.pop(own) > 0 and set(used.values()) == {0}  # nothing of A elsewhere
+            # Nothing from before the restart is left, nor a marker put in the wrong place.
+            listed = httpx.get(f"http://127.0.0.1:{ports.admin}/get_all_keys").text.split()
+            assert sorted(listed) == sorted([*stored, a.keys.marker(a.client.get_hostname())])
     finally:
         a.shutdown()
         for client in others:
