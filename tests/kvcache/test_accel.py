@@ -300,6 +300,23 @@ def _hash_everything() -> list[list[bytes]]:
     return out
 
 
+def test_a_request_given_its_token_bytes_equals_one_given_its_list() -> None:
+    # The router's intake converts a body's ids once and hands the bytes on (CacheRequest's
+    # `token_bytes`): the request's tokens, hashes and keys are the list's.
+    rng = random.Random(19)
+    geo = geometry("full:16", "sliding:16:64")
+    for n in (0, 1, 15, 16, 17, 300):
+        prompt = _random_tokens(rng, n)
+        plain = CacheRequest("r", prompt, rules_for(geo), geo.hash_unit, "s")
+        given = CacheRequest("r", prompt, rules_for(geo), geo.hash_unit, "s",
+                             token_bytes=int32_bytes(prompt))
+        assert given.tokens.tolist() == plain.tokens.tolist() == prompt
+        assert given.hashes.hashes == plain.hashes.hashes
+        assert [given.keys(g) for g in (0, 1)] == [plain.keys(g) for g in (0, 1)]
+    with pytest.raises(ValueError, match="int32"):
+        CacheRequest("r", [1, 2], rules_for(geo), geo.hash_unit, token_bytes=b"\x01" * 4)
+
+
 def test_requests_hash_the_same_without_the_accelerator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 
 from relaykv.kvcache import CacheRequest, CacheRole, rules_for
 from relaykv.kvcache.decode_loads import reusable_blocks, reused_indices, tokens_local_in
+from relaykv.kvcache.groups import GroupRules
 
 from .conftest import geometry, tokens
 
@@ -31,6 +32,35 @@ def test_tokens_local_in_counts_units_reused_in_every_full_group() -> None:
     only_sliding = rules_for(geometry("sliding:16:64"))
     assert tokens_local_in(only_sliding, 16, [np.array([1])], 64) == 16
     assert tokens_local_in(rules, 16, local, 10) == 0
+
+
+def _tokens_local_by_unit(
+    rules: list[GroupRules], unit: int, local: list[np.ndarray], n: int
+) -> int:
+    """`tokens_local_in` unit by unit: the oracle its vectorised form is checked against."""
+    full = [r for r in rules if r.prefix_closed] or rules
+    count = 0
+    for j in range(n // unit):
+        start = j * unit
+        count += all(start // r.block_size in set(local[r.index].tolist()) for r in full)
+    return min(count * unit, n - 1)
+
+
+def test_tokens_local_in_equals_the_unit_by_unit_count() -> None:
+    rng = np.random.default_rng(21)
+    shapes = [("full:16",), ("full:16", "sliding:16:64"), ("full:16", "full:32", "full:48"),
+              ("sliding:16:64", "sliding:32:64"), ("full:32", "sliding:16:32")]
+    for trial in range(300):
+        rules = rules_for(geometry(*shapes[trial % len(shapes)]))
+        # the hash unit, or one dividing no block (a caller's own unit: 24)
+        unit = [16, 8, 24][trial % 3] if trial % 7 else 16
+        n = int(rng.integers(0, 400))
+        local = [
+            np.unique(rng.integers(-2, n // r.block_size + 3, int(rng.integers(0, 30))))
+            for r in rules
+        ]
+        got = tokens_local_in(rules, unit, local, n)
+        assert got == _tokens_local_by_unit(list(rules), unit, local, n), (trial, unit, n)
 
 
 def test_reusable_blocks_maps_reused_indices_to_the_engine_s_block_ids() -> None:

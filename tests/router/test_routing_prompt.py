@@ -51,7 +51,7 @@ def test_prompt_tokens_from_ids_text_and_salt() -> None:
 def test_a_bodys_ids_are_converted_once_and_hash_as_the_list(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The intake's strict check converts the ids; the request is hashed from that array
+    # The intake's strict check converts the ids; the request is hashed from those bytes
     # (docs/routing.md "Cost"), to the very keys the list gives.
     tokens = random.Random(5).choices(range(50_000), k=3000)
     index = EngineIndex(preset("gpt-oss-like"), "decode")
@@ -71,7 +71,7 @@ def test_a_bodys_ids_are_converted_once_and_hash_as_the_list(
     prompt = Routing("cache-aware").prompts.prompt({"prompt": tokens, "cache_salt": "tenant"})
     assert prompt is not None and prompt.tokens == tokens and calls == [True]
     req = prompt.request_for(index)
-    assert req.tokens.tolist() == tokens and req.tokens is not prompt.ids
+    assert req.tokens.tolist() == tokens and prompt.ids == convert(tokens)
     assert req.hashes.hashes == expected.hashes.hashes
     assert [req.keys(g) for g in (0, 1)] == [expected.keys(g) for g in (0, 1)]
 

@@ -338,22 +338,35 @@ def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.nd
     return start + np.flatnonzero(held)
 
 
+def local_groups(rules: Sequence[GroupRules]) -> list[GroupRules]:
+    """The groups whose reuse `tokens_local_in` counts: the prefix-closed (full) ones, or
+    every group where none is."""
+    return [r for r in rules if r.prefix_closed] or list(rules)
+
+
 def tokens_local_in(
     rules: Sequence[GroupRules], unit: int, local: Sequence[np.ndarray], n: int
 ) -> int:
     """Prompt tokens whose KV is reused locally in every prefix-closed (full) group (all
-    groups if none), from each group's reused block indices (`reused_indices`): hash unit j
-    counts when every such group reuses the block holding token j*unit; at most n - 1."""
-    full = [r for r in rules if r.prefix_closed] or list(rules)
+    groups if none: `local_groups`), from each group's reused block indices
+    (`reused_indices`; the other groups' entries are not read): hash unit j counts when
+    every such group reuses the block holding token j*unit; at most n - 1."""
     units = n // unit
     if units <= 0:
         return 0
-    starts = np.arange(units, dtype=np.int64) * unit
-    covered = np.ones(units, dtype=bool)
-    for rule in full:
-        blocks = starts // rule.block_size
-        reused = np.zeros(int(blocks[-1]) + 1, dtype=bool)
+    covered: np.ndarray | None = None
+    for rule in local_groups(rules):
+        num_blocks = (units - 1) * unit // rule.block_size + 1  # the blocks units start in
+        reused = np.zeros(num_blocks, dtype=bool)
         indices = np.asarray(local[rule.index], dtype=np.int64)
-        reused[indices[(indices >= 0) & (indices < len(reused))]] = True
-        covered &= reused[blocks]
-    return min(int(np.count_nonzero(covered)) * unit, n - 1)
+        reused[indices[(indices >= 0) & (indices < num_blocks)]] = True
+        per_block, rest = divmod(rule.block_size, unit)
+        if rest:  # a block of no whole number of units: the block of each unit's start
+            in_units = reused[np.arange(units, dtype=np.int64) * unit // rule.block_size]
+        elif per_block == 1:
+            in_units = reused
+        else:  # unit j starts in block j // per_block
+            in_units = np.repeat(reused, per_block)[:units]
+        covered = in_units if covered is None else covered & in_units
+    count = units if covered is None else int(np.count_nonzero(covered))
+    return min(count * unit, n - 1)

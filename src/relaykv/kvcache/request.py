@@ -71,10 +71,21 @@ class CacheRequest:
         salt: str | bytes | None = None,
         role: CacheRole = CacheRole.COLOCATED,
         chains: PrefixChains | None = None,
+        token_bytes: bytes | None = None,
     ) -> None:
-        """`chains`: a memo of recently hashed prefixes (the router's; §2)."""
+        """`chains`: a memo of recently hashed prefixes (the router's; §2); `token_bytes`:
+        the prompt's little-endian int32 bytes where the caller converted it already
+        (`accel.int32_bytes`: the router's intake), hashed as they are."""
         self.request_id = request_id
-        self.tokens, data = _int32_array(prompt)
+        if token_bytes is None:
+            self.tokens, data = _int32_array(prompt)
+        else:
+            if len(token_bytes) != 4 * len(prompt):
+                raise ValueError("token_bytes must hold the prompt's ids as int32")
+            self.tokens, data = array("i"), token_bytes
+            self.tokens.frombytes(token_bytes)
+            if not np.little_endian:
+                self.tokens.byteswap()
         self.num_prompt_tokens = len(self.tokens)
         self.role = role
         self._rules = rules

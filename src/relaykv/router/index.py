@@ -51,6 +51,7 @@ from relaykv.kvcache import (
 )
 from relaykv.kvcache.decode_loads import (
     held_probes,
+    local_groups,
     reused_indices,
     tokens_local_in,
 )
@@ -63,6 +64,7 @@ from relaykv.kvcache.tier import TieredKeys
 from relaykv.router.holders import KeyHolders, PromptCounts
 
 _HELD = 1  # the index does not know block ids; lookups only test membership
+_NO_BLOCKS = np.zeros(0, dtype=np.int64)  # a group whose reuse is not counted
 _BOUND_STRIDE = 32  # blocks between the probes of `hit_bound`
 # A token the engine would load from its KV tier is worth this much of one held on the device
 # (a copy back before the request computes, still far cheaper than computing it).
@@ -101,6 +103,7 @@ class EngineIndex:
         self.pd_policy = PDPolicy.parse(self.pd_policy)  # the engine's /v1/kv_cache_info string
         self.rules: tuple[GroupRules, ...] = rules_for(self.geometry)
         self._full = tuple(r for r in self.rules if r.prefix_closed)  # the full groups
+        self._counted = frozenset(r.index for r in local_groups(self.rules))
         if not self.maps:
             self.maps = [{} for _ in self.geometry.groups]
         self.tier = TierHeld([{} for _ in self.geometry.groups])
@@ -200,7 +203,13 @@ class EngineIndex:
             plan = self._plan(n)
             if plan.common_resume:
                 return longest_hit_tokens(req, self.rules, self, matched=matched)
-            local = [self._local(req, rule, plan.held[rule.index], counts) for rule in self.rules]
+            # only the groups `tokens_local_in` reads (the full ones) are probed
+            local = [
+                self._local(req, rule, plan.held[rule.index], counts)
+                if rule.index in self._counted
+                else _NO_BLOCKS
+                for rule in self.rules
+            ]
             return tokens_local_in(self.rules, self.geometry.hash_unit, local, n)
         cap = None
         if self.role == "prefill":
@@ -344,10 +353,19 @@ class EngineIndex:
         salt: str | None = None,
         request_id: str = "route",
         chains: PrefixChains | None = None,
+        token_bytes: bytes | None = None,
     ) -> CacheRequest:
         """A cache request with this engine's hashing (share it among equal geometries);
-        `chains` memoises the hashes of prefixes recent prompts shared."""
+        `chains` memoises the hashes of prefixes recent prompts shared; `token_bytes`:
+        `tokens` as little-endian int32 bytes, where the caller has them."""
         role = CacheRole.PREFILL if self.role == "prefill" else CacheRole.COLOCATED
         return CacheRequest(
-            request_id, tokens, self.rules, self.geometry.hash_unit, salt, role, chains
+            request_id,
+            tokens,
+            self.rules,
+            self.geometry.hash_unit,
+            salt,
+            role,
+            chains,
+            token_bytes=token_bytes,
         )

@@ -14,8 +14,6 @@ prompt with recent ones hash only the rest (`kvcache.hashing.PrefixChains`).
 
 from __future__ import annotations
 
-import sys
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,7 +37,7 @@ class Prompt:
     tokens: list[int]
     salt: str | None = None
     chains: PrefixChains | None = None
-    ids: array[int] | None = None  # `tokens` as int32, when the intake converted them already
+    ids: bytes | None = None  # `tokens` as little-endian int32 bytes, when the intake has them
     _requests: dict[Any, CacheRequest] = field(default_factory=dict)
     _counts: dict[Any, PromptCounts] = field(default_factory=dict)
     # The geometry asked for last and its request: engines of one role share one geometry
@@ -74,28 +72,23 @@ class Prompt:
             return req
         req = self._requests.get(key)
         if req is None:
-            tokens = self.ids if self.ids is not None else self.tokens
-            req = self._requests[key] = index.request(tokens, self.salt, chains=self.chains)
+            req = self._requests[key] = index.request(
+                self.tokens, self.salt, chains=self.chains, token_bytes=self.ids
+            )
         self._last = (key, req)
         return req
 
 
-def _token_ids(raw: list[Any]) -> array[int] | None:
-    """A body's `prompt` list as int32 ids, if it is token ids the router can hash: exact
-    ints within int32 (one C pass where kvcache's accelerator is built; the array is what
-    the request is hashed from, so the list is converted once). Anything else (None) is
-    routed on load alone, and the engine answers it (a 400 for ids it cannot take)."""
+def _token_ids(raw: list[Any]) -> bytes | None:
+    """A body's `prompt` list as little-endian int32 bytes, if it is token ids the router can
+    hash: exact ints within int32 (one C pass where kvcache's accelerator is built; the
+    request is hashed from these bytes, so the list is converted once). Anything else
+    (None) is routed on load alone, and the engine answers it (a 400 for ids it cannot
+    take)."""
     try:
-        data = int32_bytes(raw, strict=True)
+        return int32_bytes(raw, strict=True)
     except (TypeError, OverflowError):
         return None
-    ids = array("i")
-    if ids.itemsize != 4:  # no such platform in practice: convert item by item
-        return array("i", raw)
-    ids.frombytes(data)
-    if sys.byteorder != "little":
-        ids.byteswap()
-    return ids
 
 
 class PromptReader:
