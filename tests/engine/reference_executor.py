@@ -104,6 +104,9 @@ class ReferenceExecutor:
     def execute(self, batch: StepBatch) -> StepOutput:
         self.steps += 1
         outs = []
+        for seq in batch.sequences:  # page copies first (common.messages.steps)
+            for _, source, dest in seq.kv_copies:
+                self.buffer[dest] = self.buffer[source]
         for seq in batch.sequences:
             s = seq.start_position
             tables = seq.block_tables

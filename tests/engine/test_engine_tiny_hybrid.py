@@ -46,7 +46,14 @@ def alone(tiny, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def engine(
-    tiny, num_blocks: int, *, k: int = 0, draft=None, budget: int = 48, max_model_len: int = 512
+    tiny,
+    num_blocks: int,
+    *,
+    k: int = 0,
+    draft=None,
+    budget: int = 48,
+    max_model_len: int = 512,
+    **config_fields,
 ) -> LLMEngine:
     runner = model.ModelRunner(
         tiny.model,
@@ -60,6 +67,7 @@ def engine(
         scheduler=SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=16, max_model_len=max_model_len
         ),
+        **config_fields,
     )
     return LLMEngine(runner, config, vocab_size=tiny.config.vocab_size)
 
@@ -125,3 +133,59 @@ def test_forced_preemption_keeps_outputs_and_leaks_nothing(tiny) -> None:
     assert [r.output_ids for r in reqs] == expected
     assert eng.manager.pool.num_free == eng.manager.pool.num_usable
     assert not eng.manager.requests
+
+
+
+def _cached_pages(eng: LLMEngine) -> dict[tuple[int, int], bytes]:
+    """The page bytes of every block the cache holds a key for, by (group, block)."""
+    kv = eng.executor.kv
+    return {
+        (g, block): kv.read_page_bytes(g, [block]).numpy().tobytes()
+        for g, gmap in enumerate(eng.manager.pool.maps)
+        for block in gmap.values()
+    }
+
+
+def _one_by_one(eng: LLMEngine, prompts, max_tokens, tag: str):
+    """Run the prompts one after the other; per request (request, accepted, proposed)."""
+    out = []
+    for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True)):
+        accepted, proposed = eng.metrics.spec_num_accepted_tokens, eng.metrics.spec_num_draft_tokens
+        (req,) = run(eng, [p], [m], f"{tag}{i}")
+        out.append((
+            req,
+            eng.metrics.spec_num_accepted_tokens - accepted,
+            eng.metrics.spec_num_draft_tokens - proposed,
+        ))
+    return out
+
+
+def test_eagle_recompute_reuses_the_whole_shared_prefix(tiny, draft) -> None:
+    """`eagle_reuse=recompute` (docs/design.md §4): siblings of a 96-token prefix resume at
+    96 instead of 80 and compute position 95 again, into private copies of its blocks.
+    Outputs equal plain decoding (no draft), each sibling's draft acceptance equals a run
+    without any prefix cache, no block the cache holds a key for is written, none leaks."""
+    x = prompt(96, seed=21)
+    prompts = [[*x, *prompt(20, seed=30 + i)[1:]] for i in range(3)]  # 115 tokens each
+    max_tokens = [12, 9, 14]
+    expected = [alone(tiny, p, m) for p, m in zip(prompts, max_tokens, strict=True)]
+    cold = _one_by_one(
+        engine(tiny, 240, k=2, draft=draft, enable_prefix_caching=False), prompts, max_tokens, "c"
+    )
+    assert [req.output_ids for req, _, _ in cold] == expected
+    computed = {}
+    for mode in ("drop", "recompute"):
+        eng = engine(tiny, 240, k=2, draft=draft, eagle_reuse=mode, retention="dense")
+        runs = _one_by_one(eng, prompts[:1], max_tokens[:1], "f")
+        pages = _cached_pages(eng)
+        runs += _one_by_one(eng, prompts[1:], max_tokens[1:], "s")
+        assert [req.output_ids for req, _, _ in runs] == expected
+        after = _cached_pages(eng)
+        assert {key: after.get(key) for key in pages} == pages  # shared blocks unchanged
+        computed[mode] = [req.num_prompt_tokens - req.num_cached_tokens for req, _, _ in runs]
+        pool = eng.manager.pool
+        assert pool.num_free == pool.num_usable and not eng.manager.requests
+        if mode == "recompute":  # acceptance unchanged, sibling by sibling
+            assert [run[1:] for run in runs] == [run[1:] for run in cold]
+    # drop: 115 - 80 (the last shared unit dropped); recompute: 115 - 95 (position 95 again)
+    assert computed == {"drop": [115, 35, 35], "recompute": [115, 20, 20]}

@@ -7,10 +7,15 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from relaykv.kvcache import Geometry, GroupSpec
+from relaykv.kvcache.geometry import EAGLE_REUSE_MODES
 
 
 @st.composite
-def geometries(draw: st.DrawFn, max_groups: int = 3) -> Geometry:
+def geometries(
+    draw: st.DrawFn, max_groups: int = 3, modes: tuple[str, ...] = ("drop", "successor")
+) -> Geometry:
+    """Random geometries; `modes`: the `eagle_reuse` modes to draw from (`recompute` only
+    where the test's P/D policies allow it: docs/design.md §4)."""
     n = draw(st.integers(1, max_groups))
     groups = []
     for _ in range(n):
@@ -23,9 +28,12 @@ def geometries(draw: st.DrawFn, max_groups: int = 3) -> Geometry:
         else:
             groups.append(GroupSpec("chunked", block, chunk=draw(st.integers(1, 24))))
     draft = draw(st.one_of(st.none(), st.integers(0, n - 1)))
-    reuse = draw(st.sampled_from(["drop", "successor"]))
+    reuse = draw(st.sampled_from(modes))
     groups = [replace(g, draft=(i == draft)) for i, g in enumerate(groups)]
     return Geometry(tuple(groups), eagle_reuse=reuse)
+
+
+ALL_MODES = EAGLE_REUSE_MODES
 
 
 @st.composite

@@ -137,10 +137,11 @@ def test_prefix_chains_check_the_bytes_behind_a_digest(monkeypatch: pytest.Monke
     monkeypatch.setattr(hashing, "_segment_digest", lambda data: b"same")
     a, b = tokens(256, seed=1), tokens(256, seed=2)
     chains = PrefixChains(segment_units=2)
-    for prompt in (a, a, b, a, b[:64] + a[64:], b):
-        memo = TokenHashes(16)
+    # (units of 8 tokens make segments of another length, under the same colliding keys)
+    for prompt, unit in ((a, 16), (a, 16), (b, 16), (a, 8), (a, 16), (b[:64] + a[64:], 16)):
+        memo = TokenHashes(unit)
         memo.extend(prompt, chains)
-        fresh = TokenHashes(16)
+        fresh = TokenHashes(unit)
         fresh.extend(prompt)
         assert memo.hashes == fresh.hashes
     assert chains.hits >= 8  # the second `a`: all 8 of its segments

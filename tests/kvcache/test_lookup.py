@@ -9,11 +9,11 @@ from relaykv.cache_probe.oracle import oracle_hit
 from relaykv.kvcache import KVCacheManager, find_longest_hit
 
 from .conftest import Driver, geometry, tokens
-from .strategies import geometries, related_prompts
+from .strategies import ALL_MODES, geometries, related_prompts
 
 
 @settings(max_examples=300, deadline=None)
-@given(geometries(), related_prompts(count=3), st.data())
+@given(geometries(modes=ALL_MODES), related_prompts(count=3), st.data())
 def test_lookup_equals_oracle_on_arbitrary_cache_states(geo, prompts, data) -> None:
     """Cache random subsets of blocks (not just prefixes), then compare every lookup."""
     m = KVCacheManager(geo, 4096)

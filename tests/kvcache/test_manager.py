@@ -299,3 +299,84 @@ def test_detached_preemption_holds_the_blocks_until_handed_back() -> None:
     assert m.pool.num_free > free - held
     m.release(req)
     assert m.pool.num_free == m.pool.num_usable
+
+
+def _recompute_pair(num_blocks: int = 64):
+    """A manager under `eagle_reuse=recompute` holding a 64-token prompt's blocks, and a
+    sibling sharing its first 48 tokens (not yet admitted)."""
+    geo = geometry("full:16", "sliding:16:32", draft=1, reuse="recompute")
+    m = KVCacheManager(geo, num_blocks, retention="dense")
+    prefix = tokens(48, seed=1)
+    first = m.add_request("first", [*prefix, *tokens(16, seed=2)])
+    adm = m.admit(first, 64)
+    assert adm is not None and adm.start == 0 and not first.copies
+    m.commit(first, 64)
+    m.release(first)
+    return m, m.add_request("sibling", [*prefix, *tokens(20, seed=3)])
+
+
+def test_eagle_recompute_hits_the_whole_shared_prefix_through_private_copies() -> None:
+    """§4 `eagle_reuse=recompute`: the sibling resumes at 48 (the drop would stop at 32),
+    computes from 47 into private copies of block 2 in both groups, and holds the cached
+    sources until the step that copies them is committed."""
+    m, sib = _recompute_pair()
+    assert m.lookup(sib).tokens == 48
+    cached = [m.pool.maps[g][sib.keys(g)[2]] for g in range(2)]
+    adm = m.admit(sib, 68, lookahead=2)
+    assert adm is not None and adm.hit.tokens == 48 and adm.start == 47 and adm.num_tokens == 21
+    assert [(g, src) for g, src, _ in sib.copies] == [(0, cached[0]), (1, cached[1])]
+    for g, src, private in sib.copies:
+        assert sib.tables[g][2] == private != src and m.pool.block_key[private] is None
+        assert m.pool.ref_cnt[src] == 1  # held for the copy, by no table
+    assert m.stats.prefix_cache_hits == 47 and m.stats.tokens_local_compute == 64 + 21
+    assert_consistent(m)
+    m.commit(sib, 68)
+    assert not sib.copies and all(m.pool.ref_cnt[src] == 0 for src in cached)
+    assert all(m.pool.maps[g][sib.keys(g)[2]] == cached[g] for g in range(2))  # keys stay
+    assert_consistent(m)
+    m.release(sib)
+    assert_consistent(m)
+    assert m.pool.num_free == m.pool.num_usable
+
+
+def test_eagle_recompute_sources_go_back_with_a_preemption() -> None:
+    m, sib = _recompute_pair()
+    assert m.admit(sib, 68) is not None
+    sources = [src for _, src, _ in sib.copies]
+    detached = m.preempt(sib, detach=True)  # a step in flight may still copy them
+    assert set(sources) <= set(detached) and not sib.copies
+    assert all(m.pool.ref_cnt[src] == 1 for src in sources)
+    m.free_detached(detached)
+    assert_consistent(m)
+    readmitted = m.admit(sib, 68)
+    assert readmitted is not None and readmitted.start == 47
+    m.release(sib)
+    assert_consistent(m)
+    assert m.pool.num_free == m.pool.num_usable
+
+
+def test_eagle_recompute_counts_the_private_copies_at_admission() -> None:
+    """The admission gate counts one fresh block per group for the copies: a pool one block
+    short refuses, changing nothing."""
+    m, sib = _recompute_pair(num_blocks=64)
+    hit = m.lookup(sib)
+    need = m._blocks_needed(sib, 68, hit)
+    spare = m.pool.num_free - need
+    m2, sib2 = _recompute_pair(num_blocks=64 - spare - 1)  # the same state, one block short
+    free = m2.pool.num_free
+    assert m2.admit(sib2, 68) is None and not sib2.copies and m2.pool.num_free == free
+    m3, sib3 = _recompute_pair(num_blocks=64 - spare)
+    assert m3.admit(sib3, 68) is not None
+    assert_consistent(m3)
+
+
+def test_eagle_recompute_leaves_pd_loads_to_per_group_reuse() -> None:
+    """A load computes only N-1 (§7): with a common-hit policy, recompute is refused."""
+    geo = geometry("full:16", "sliding:16:32", draft=1, reuse="recompute")
+    for policy in ("legacy", "exact", "replay-slack"):
+        m = KVCacheManager(geo, 64, pd_policy=policy, pd_role=True)
+        req = m.add_request("d", tokens(40), role=CacheRole.DECODE)
+        with pytest.raises(ValueError, match="per-group"):
+            m.receive(req)
+    m = KVCacheManager(geo, 64, pd_policy="per-group", pd_role=True)
+    assert m.receive(m.add_request("d", tokens(40), role=CacheRole.DECODE)) is not None

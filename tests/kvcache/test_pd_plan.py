@@ -10,7 +10,7 @@ from relaykv.cache_probe.probe import run_probe
 from relaykv.kvcache import PD_POLICIES, Geometry, GroupSpec, pd_plan, pd_slack_tokens, rules_for
 
 from .conftest import geometry
-from .strategies import geometries
+from .strategies import ALL_MODES, geometries
 
 
 def test_worked_example(worked_example) -> None:
@@ -36,7 +36,7 @@ def test_exact_decode_hits_equal_colocated_for_every_n(geo: Geometry, n: int) ->
 
 
 @settings(max_examples=60, deadline=None)
-@given(geometries(max_groups=3), st.integers(2, 160))
+@given(geometries(max_groups=3, modes=ALL_MODES), st.integers(2, 160))
 def test_per_group_reuses_the_shared_prefix_in_full_groups(geo: Geometry, n: int) -> None:
     diverge = max(1, n // 4)
     result = run_probe(geo, "per-group", n, extension_len=16, sibling_diverge=diverge)
@@ -47,13 +47,13 @@ def test_per_group_reuses_the_shared_prefix_in_full_groups(geo: Geometry, n: int
     # Every full block wholly inside x is reused (one less in a draft group, whose last
     # block's draft KV depends on the diverging token: no peek proof, no successor key).
     expect = min(
-        (shared // r.block_size - (1 if (r.peek or r.successor_keys) else 0)) * r.block_size
+        (shared // r.block_size - (1 if (r.reuse_peek or r.successor_keys) else 0)) * r.block_size
         for r in full
     )
     assert sibling["local_tokens"] >= min(max(0, expect), n - 1)
     for r in full:
         held = pd_plan(geo, "per-group", n).held[r.index]
-        reused = shared // r.block_size - (1 if (r.peek or r.successor_keys) else 0)
+        reused = shared // r.block_size - (1 if (r.reuse_peek or r.successor_keys) else 0)
         assert sibling["received_blocks"][r.index] <= len(held) - max(0, reused)
 
 

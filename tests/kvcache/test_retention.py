@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from relaykv.kvcache import KVCacheManager, Retention, Role, parse_retention
 
 from .conftest import Driver, geometry, tokens
-from .strategies import geometries
+from .strategies import ALL_MODES, geometries
 
 
 def _hits(geo, retention: str, prompt: list[int], chunk: int) -> tuple[int, int]:
@@ -28,7 +28,12 @@ def _hits(geo, retention: str, prompt: list[int], chunk: int) -> tuple[int, int]
 
 
 @settings(max_examples=200, deadline=None)
-@given(geometries(max_groups=3), st.integers(2, 200), st.integers(1, 64), st.integers(1, 64))
+@given(
+    geometries(max_groups=3, modes=ALL_MODES),
+    st.integers(2, 200),
+    st.integers(1, 64),
+    st.integers(1, 64),
+)
 def test_boundaries_retention_loses_no_resend_or_extension_hit(geo, n, chunk, dense_chunk) -> None:
     """With no eviction, keeping only the replay-boundary windows gives the same resend and
     extension hits as keeping every block, whatever the chunking of the first prefill."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from relaykv.model import GREEDY, ModelRunner, SamplingParams, SequenceWork, StepBatch
 
 from .conftest import TableMaker
@@ -17,8 +19,10 @@ def drive(
     chunk: int = 10_000,
     params: SamplingParams = GREEDY,
     rid: str = "r",
+    copies: Sequence[tuple[int, int, int]] = (),
 ) -> list[int]:
-    """Compute `prompt[resume:]` in chunks, then decode `max_tokens` (with the runner's k)."""
+    """Compute `prompt[resume:]` in chunks, then decode `max_tokens` (with the runner's k);
+    `copies`: the first step's `kv_copies`."""
     k = runner.num_speculative_tokens
     pos = resume
     out: list[int] = []
@@ -35,6 +39,7 @@ def drive(
             sample=last,
             sampling=params,
             next_token_id=None if last else prompt[pos + n],
+            kv_copies=copies if pos == resume else (),
         )
         res = runner.execute(StepBatch([work])).sequences[0]
         pos += n

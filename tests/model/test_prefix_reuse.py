@@ -73,3 +73,43 @@ def test_resume_with_eagle_draft_matches_cold_run(tiny, tiny_draft):
     warm = drive(runner, _reused_tables(runner, tables_a, r), [*x, 9, 9], r, 20, maker)
     cold = drive(runner, maker.fresh(120), [*x, 9, 9], 0, 20, maker)
     assert warm == cold
+
+
+def test_recompute_of_the_last_shared_position_matches_cold_and_plain_runs(tiny, tiny_draft):
+    """docs/design.md §4 `eagle_reuse=recompute`: B resumes at r = 96 over A's blocks with
+    the block holding position 95 copied (`kv_copies`) and computed again from 95 (A's draft
+    KV there was computed with A's token 96, not B's). Tokens equal a cold run and plain
+    decoding without a draft, the draft's acceptance equals the cold run's, and A's blocks
+    are not written."""
+    runner = ModelRunner(tiny.model, num_blocks=300, draft=tiny_draft, num_speculative_tokens=3)
+    maker = TableMaker(runner)
+    x = random_tokens(96, 259, seed=14)
+    tables_a = maker.fresh(120)
+    drive(runner, tables_a, [*x, 5, 6, 7], 0, 8, maker)
+    r, b = 96, runner.layout.block_size
+    tables = _reused_tables(runner, tables_a, r)
+    copies = []
+    for g, table in enumerate(tables):
+        private = maker.fresh(1)[0][0]
+        copies.append((g, table[r // b - 1], private))
+        table[r // b - 1] = private
+    shared = [list(t[: r // b]) for t in tables_a]
+    before = [runner.kv.read_pages(g, [i for i in t if i]) for g, t in enumerate(shared)]
+
+    def run(tables, resume, copies=()):
+        stats = (runner.stats.num_draft_tokens, runner.stats.num_accepted_tokens)
+        out = drive(runner, tables, [*x, 9, 9], resume, 20, maker, copies=copies)
+        return out, (
+            runner.stats.num_draft_tokens - stats[0],
+            runner.stats.num_accepted_tokens - stats[1],
+        )
+
+    warm, warm_spec = run(tables, r - 1, copies)
+    cold, cold_spec = run(maker.fresh(120), 0)
+    assert warm == cold and warm_spec == cold_spec
+    plain = ModelRunner(tiny.model, num_blocks=40)
+    plain_tables = TableMaker(plain).fresh(120)
+    assert drive(plain, plain_tables, [*x, 9, 9], 0, 20, TableMaker(plain, 20)) == cold
+    after = [runner.kv.read_pages(g, [i for i in t if i]) for g, t in enumerate(shared)]
+    for old, new in zip(before, after, strict=True):
+        assert torch.equal(old, new)

@@ -8,7 +8,13 @@ from typing import Any
 
 from relaykv.cache_probe.engine import run_vllm_probe
 from relaykv.cache_probe.probe import FOLLOW_UPS, run_probe
-from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, PRESETS, Geometry, parse_groups, preset
+from relaykv.kvcache.geometry import (
+    EAGLE_REUSE_CACHE_ONLY,
+    PRESETS,
+    Geometry,
+    parse_groups,
+    preset,
+)
 from relaykv.kvcache.pd_config import PD_POLICIES, PDPolicy
 from relaykv.kvcache.retention import RETENTION_HELP, parse_retention
 
@@ -22,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset", choices=sorted(PRESETS), help="a preset geometry (default gpt-oss-like)"
     )
     parser.add_argument("--draft", default=None, help="index of the EAGLE draft group, or none")
-    parser.add_argument("--eagle-reuse", choices=EAGLE_REUSE_MODES, default="drop")
+    parser.add_argument("--eagle-reuse", choices=EAGLE_REUSE_CACHE_ONLY, default="drop")
     parser.add_argument("--retention", default="boundaries", help=RETENTION_HELP)
     parser.add_argument("--pd-policy", choices=[*PD_POLICIES, "all"], default="all")
     parser.add_argument("--prompt-len", type=int, default=1000, help="N, the prompt length")

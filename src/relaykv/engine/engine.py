@@ -28,6 +28,7 @@ from relaykv.kvcache import (
     Role,
     parse_retention,
 )
+from relaykv.kvcache.geometry import EagleReuse
 from relaykv.kvcache.tier import TierBackend
 
 
@@ -40,6 +41,8 @@ class EngineConfig:
     role: Role = Role.COLOCATED
     pd_policy: PDPolicy = DEFAULT_PD_POLICY
     sibling_reach: int = 0  # the P/D plan's sibling reach in tokens (kvcache/pd_plan.py)
+    # With a draft: how a prefix hit treats the draft KV at its last position (§4).
+    eagle_reuse: EagleReuse = "drop"
     model_name: str = "relaykv"
     # The startup sizing (built and checked once, by whoever sized the pool); None: the
     # cache manager builds it from the fields above.
@@ -71,7 +74,7 @@ class LLMEngine:
         sched = config.scheduler
         k = executor.num_speculative_tokens
         self.manager = KVCacheManager(
-            executor.geometry,
+            executor.geometry.with_eagle_reuse(config.eagle_reuse),
             config.num_blocks,
             retention=parse_retention(config.retention, executor.geometry.alignment, self.role),
             pd_policy=config.pd_policy,

@@ -256,6 +256,9 @@ class Scheduler:
             propose=not req.is_prefill_only and not (
                 sample and len(req.output_ids) + 1 >= req.params.max_tokens
             ),
+            # A hit's last block made private at admission (§4 recompute): copied before
+            # this step writes it; `commit` then drops the sources.
+            kv_copies=list(req.cache.copies),
         )
 
     def _drafts_for(self, req: Request, n: int, budget: int) -> list[int]:

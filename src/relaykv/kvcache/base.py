@@ -12,10 +12,13 @@ One request, in order (a call that returns None or False changed nothing):
                                                       #   (receive_local_tokens: receive)
     # computed here (a colocated or prefill engine):
     adm = cache.admit(req, budget, lookahead=k, must_fit=N)  # lookup + blocks; None: wait
+                                                      #   (req.copies: page copies its next
+                                                      #   step makes first, §4 recompute)
     ended = cache.tier_poll()                         # adm.loads_from_tier: wait for it here
     ok = cache.reserve(req, end, lookahead=k)         # before each later step; False: the
                                                       #   pool is full, preempt someone
     cache.commit(req, processed, new_tokens)          # after each step: hash, slide windows
+                                                      #   (and drop the copies' sources)
     cache.preempt(req)                                # back to waiting; admit() again later
                                                       #   (detach=True: blocks a step in
                                                       #   flight writes; free_detached later)
@@ -54,7 +57,9 @@ from relaykv.kvcache.stats import CacheStats
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now.
+    """An admitted request: it resumes at `hit.tokens` and computes `num_tokens` now, from
+    `start` (`hit.tokens - recomputed`: under `eagle_reuse=recompute` a hit's last position
+    is computed again, into private copies named in `CacheRequest.copies`, §4).
 
     When `hit.tier` names blocks, the hit's `from_tier` tokens come from the KV tier: the
     request waits until `tier_poll` reports its load (docs/tier.md), then runs."""
@@ -62,6 +67,7 @@ class Admission:
     hit: LocalHit
     num_tokens: int
     from_tier: int = 0
+    recomputed: int = 0
 
     @property
     def loads_from_tier(self) -> bool:
@@ -69,7 +75,7 @@ class Admission:
 
     @property
     def start(self) -> int:
-        return self.hit.tokens
+        return self.hit.tokens - self.recomputed
 
 
 class CacheLifecycle(Protocol):

@@ -303,7 +303,8 @@ def reusable_blocks(
     """Per-group reuse: each held block cached in `gmap` by key (§7 `per-group`), as
     index -> block id (`reused_indices` on `held_probes`)."""
     found, start, stop = held_probes(req, rule, gmap, held)
-    return {int(k): int(found[k - start]) for k in reused_indices(found, start, stop, rule.peek)}
+    reused = reused_indices(found, start, stop, rule.reuse_peek)
+    return {int(k): int(found[k - start]) for k in reused}
 
 
 def held_probes(
@@ -315,7 +316,7 @@ def held_probes(
     start, stop = held.start, min(held.stop, len(keys))
     if start >= stop:
         return np.zeros(0, dtype=np.int64), start, start
-    window = keys[start : stop + 1 if rule.peek else stop]
+    window = keys[start : stop + 1 if rule.reuse_peek else stop]
     # One probe per block, driven from C (a router scores decode engines with this too).
     found = np.fromiter(map(gmap.get, window, repeat(0)), dtype=np.int64, count=len(window))
     return found, start, stop

@@ -20,8 +20,11 @@ KIND_PARAMETER: dict[str, tuple[str, str] | None] = {
     "sliding": ("window", "W"),
     "chunked": ("chunk", "C"),
 }
-EagleReuse = Literal["drop", "successor"]
-EAGLE_REUSE_MODES: tuple[str, ...] = ("drop", "successor")
+EagleReuse = Literal["drop", "successor", "recompute"]
+EAGLE_REUSE_MODES: tuple[str, ...] = ("drop", "successor", "recompute")
+# The modes that need nothing of the model runner: `recompute` needs one that copies pages
+# and computes a hit's last position again (relaykv's own; not vLLM's, not the cache probe).
+EAGLE_REUSE_CACHE_ONLY: tuple[str, ...] = ("drop", "successor")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -101,7 +104,10 @@ class Geometry:
         if not self.groups:
             raise ValueError("a geometry needs at least one group")
         if self.eagle_reuse not in EAGLE_REUSE_MODES:
-            raise ValueError(f"eagle_reuse must be drop or successor, got {self.eagle_reuse!r}")
+            raise ValueError(
+                f"eagle_reuse must be one of {', '.join(EAGLE_REUSE_MODES)}, "
+                f"got {self.eagle_reuse!r}"
+            )
         sizes = [g.block_size for g in self.groups]
         object.__setattr__(self, "groups", tuple(self.groups))
         object.__setattr__(self, "alignment", math.lcm(*sizes))
@@ -126,6 +132,12 @@ class Geometry:
     @property
     def eagle_successor(self) -> bool:
         return self.eagle and self.eagle_reuse == "successor"
+
+    @property
+    def eagle_recompute(self) -> bool:
+        """True when a resume at r > 0 computes position r-1 again, into private copies of
+        the blocks holding it (§4 `eagle_reuse=recompute`)."""
+        return self.eagle and self.eagle_reuse == "recompute"
 
     def is_draft(self, group: int) -> bool:
         return group in self.draft_groups

@@ -166,13 +166,15 @@ class PrefixChains:
         out: list[bytes] = []
         parent = SEED_HASH
         entries = self._entries
+        entry_of = entries.get
+        view = memoryview(data)  # a found segment is digested and compared without a copy
         start = 0
         # Memoised segments from unit 0 on, while they are found ...
         while start < whole:
-            piece = data[start : start + seg]
-            key = (parent, first_extra if start == 0 else b"", _segment_digest(piece))
-            entry = entries.get(key)
-            if entry is None or entry[0] != piece:
+            digest = _segment_digest(view[start : start + seg])
+            key = (parent, first_extra if start == 0 else b"", digest)
+            entry = entry_of(key)
+            if entry is None or len(entry[0]) != seg or not data.startswith(entry[0], start):
                 break
             entries.move_to_end(key)
             hashes = entry[1]

@@ -21,6 +21,7 @@ def check_manager(manager: KVCacheManager) -> list[str]:
     refs: Counter[int] = Counter()
     tables_seen = [req for req in manager.requests.values()]
     for req in tables_seen:
+        refs.update(source for _, source, _ in req.copies)  # held until the copy ran (§4)
         for rule in manager.rules:
             table = req.tables[rule.index]
             refs.update(b for b in table if b != NULL_BLOCK)

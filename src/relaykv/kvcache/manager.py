@@ -167,7 +167,13 @@ class KVCacheManager:
             hit = self._lookup(req, tiered=True, cap=cap)
         if external < 0 or hit.tokens + external > req.num_tokens:
             raise ValueError(f"request {req.request_id}: {external} external tokens do not fit")
-        start = hit.tokens + external
+        recomputed = self._recomputed(hit)
+        if external and recomputed:
+            raise ValueError(
+                f"request {req.request_id}: external tokens cannot follow a hit whose last "
+                "position is computed again (eagle_reuse=recompute)"
+            )
+        start = hit.tokens - recomputed + external
         n = min(req.num_tokens - start, budget)
         extra = lookahead if start + n == req.num_tokens else 0
         if not self._allocate(
@@ -183,7 +189,11 @@ class KVCacheManager:
             assert self.tier is not None
             self.tier.start_load(req, hit)
             from_tier = hit.tokens - longest_hit_tokens(req, self.rules, self.pool, self._cap(req))
-        self.stats.record_local(req.num_tokens, hit.tokens, readmitted, from_tier)
+        if recomputed:
+            # After the tier's load was planned on the hit's own blocks (it fills the sources).
+            self._private_tails(req, hit.tokens)
+            from_tier = min(from_tier, hit.tokens - recomputed)
+        self.stats.record_local(req.num_tokens, hit.tokens - recomputed, readmitted, from_tier)
         if not readmitted:
             # Per group, the prompt KV the hit reused (the relaykv:group_prefix_* counters,
             # §9): only real blocks count, not the nulls below a window.
@@ -191,7 +201,23 @@ class KVCacheManager:
                 b = rule.block_size
                 reused = sum(1 for block in hit.blocks[rule.index] if block) * b
                 self.stats.record_group_reuse(rule.index, reused, 0, rule.spec.page_bytes, b)
-        return Admission(hit, n, from_tier)
+        return Admission(hit, n, from_tier, recomputed)
+
+    def _recomputed(self, hit: LocalHit) -> int:
+        """Positions below the hit computed again: 1 under `eagle_reuse=recompute` (§4)."""
+        return self.rules[0].tail if hit.tokens > 0 else 0
+
+    def _private_tails(self, req: CacheRequest, hit_tokens: int) -> None:
+        """`eagle_reuse=recompute` (§4): the block holding position `hit_tokens - 1` becomes a
+        private copy in every group, so computing that position again (the draft's KV there
+        depends on this request's next token) never writes a shared block. The request keeps
+        holding the source until the step that copies it is committed."""
+        for rule in self.rules:
+            table = req.tables[rule.index]
+            i = hit_tokens // rule.block_size - 1
+            (private,) = self.pool.allocate(1)
+            req.copies.append((rule.index, table[i], private))
+            table[i] = private
 
     def reserve(self, req: CacheRequest, num_tokens: int, lookahead: int = 0) -> bool:
         """Blocks for positions `[0, num_tokens + lookahead)` of an admitted request; False
@@ -203,6 +229,9 @@ class KVCacheManager:
         for positions `[0, processed)` and free what no later position reads (§6)."""
         if new_tokens:
             req.append_tokens(new_tokens)
+        if req.copies:  # the step that copied them has run (§4 recompute)
+            self.pool.free([source for _, source, _ in reversed(req.copies)])
+            req.copies = []
         self._cache(req, processed)
         if self.tier is not None and self.pool.enable_caching:
             points = (*self._boundaries(req), req.junction)
@@ -252,6 +281,7 @@ class KVCacheManager:
         changes nothing: the pool cannot hold it now. The transport fills `load.receive`
         (pair it with P's blocks through `load.transfer_pairs`) unless `load.delivered`."""
         plan = self._plan(req)
+        self._check_load_policy(plan)
         tiered = self.tier is not None and self.pool.enable_caching
         hit = self._lookup(req, tiered=tiered) if plan.common_resume else None
         in_tier = self._tier_reuse(req, plan, hit) if tiered else None
@@ -270,6 +300,16 @@ class KVCacheManager:
             if load.delivered:
                 self._delivered(load)
         return load
+
+    def _check_load_policy(self, plan: PDPlan) -> None:
+        """A delivered load computes only N-1 (§7), so it cannot compute a common hit's last
+        position again: under `eagle_reuse=recompute` only `per-group` reuse (which keeps the
+        per-block peek, `GroupRules.reuse_peek`) is sound on a decode engine."""
+        if plan.common_resume and self.geometry.eagle_recompute:
+            raise ValueError(
+                f"--pd-policy {self.pd_policy.value} resumes a load at a common hit; with "
+                "eagle_reuse=recompute a decode engine needs --pd-policy per-group"
+            )
 
     def _tier_reuse(
         self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None
@@ -349,6 +389,7 @@ class KVCacheManager:
         """The local tokens `receive` would reuse for `req` now (§7, `KVLoad.local_tokens`);
         changes no block."""
         plan = pd_plan(self.geometry, self.pd_policy, req.num_prompt_tokens)
+        self._check_load_policy(plan)
         hit = self._lookup(req) if plan.common_resume else None
         return self.loads.local_reuse(req, plan, hit)[1]
 
@@ -437,6 +478,7 @@ class KVCacheManager:
                 needed += sum(1 for b in hit_blocks if b and self.pool.ref_cnt[b] == 0)
                 if hit.tier:
                     needed += len(hit.tier[rule.index])  # fresh blocks the tier fills
+                needed += self._recomputed(hit)  # the private copy of its last block (§4)
             needed += max(0, cdiv(num_tokens, rule.block_size) - have)
         return needed
 
@@ -555,6 +597,8 @@ class KVCacheManager:
         for table in req.tables:
             blocks.extend(b for b in reversed(table) if b)
             table.clear()
+        blocks.extend(source for _, source, _ in reversed(req.copies))
+        req.copies = []
         req.num_cached_blocks = [0] * len(self.rules)
         if not detach:
             self.pool.free(blocks)

@@ -50,6 +50,7 @@ class CacheRequest:
     __slots__ = (
         "_keys",
         "_rules",
+        "copies",
         "hashes",
         "junction",
         "load",
@@ -102,6 +103,9 @@ class CacheRequest:
         self.junction = 0  # shared-prefix boundary found by this request's lookup (§6)
         self.load: KVLoad | None = None  # the P/D load this request waits on (decode side)
         self.num_admissions = 0  # > 0 after a preemption: the next admission is a re-admission
+        # `(group, source block, private block)` page copies the request's next step makes
+        # before it computes (`eagle_reuse=recompute`, §4); the sources stay held until then.
+        self.copies: list[tuple[int, int, int]] = []
 
     @property
     def num_tokens(self) -> int:

@@ -108,6 +108,7 @@ class ModelRunner:
         if not seqs:
             return StepOutput([])
         self._validate(seqs)
+        self._copy_pages(seqs)
         hidden, starts = self._target_pass(seqs)
         if self.hidden_observer is not None:
             self.hidden_observer(seqs, starts, hidden)
@@ -156,10 +157,17 @@ class ModelRunner:
         if not seqs:
             return []
         self._validate(seqs, need_next_token=False)
+        self._copy_pages(seqs)
         hidden, starts = self._target_pass(seqs)
         logits = self.model.logits(hidden)
         ends = [*starts[1:], hidden.shape[0]]
         return [logits[a:b] for a, b in zip(starts, ends, strict=True)]
+
+    def _copy_pages(self, seqs: list[SequenceWork]) -> None:
+        """The steps' `kv_copies`, before anything is computed (common.messages.steps)."""
+        for work in seqs:
+            for group, source, dest in work.kv_copies:
+                self.kv.write_pages(group, [dest], self.kv.read_pages(group, [source]))
 
     def _target_pass(self, seqs: list[SequenceWork]) -> tuple[torch.Tensor, list[int]]:
         """Final hidden states of all rows, and each sequence's first row."""

@@ -286,12 +286,15 @@ class EngineIndex:
         in the holders map when the prompt's counts of this group are at hand (the full
         groups, after `hit_bound`), else in the engine's own map."""
         if counts is None or self.slot is None or not rule.prefix_closed:
-            return reused_indices(*held_probes(req, rule, self.maps[rule.index], held), rule.peek)
+            return reused_indices(
+                *held_probes(req, rule, self.maps[rule.index], held), rule.reuse_peek
+            )
         stop = min(held.stop, len(req.keys(rule.index)))
         if held.start >= stop:
             return np.zeros(0, dtype=np.int64)
-        found = counts(rule.index).found(self.slot, held.start, stop + 1 if rule.peek else stop)
-        return reused_indices(found, held.start, stop, rule.peek)
+        peek = rule.reuse_peek
+        found = counts(rule.index).found(self.slot, held.start, stop + 1 if peek else stop)
+        return reused_indices(found, held.start, stop, peek)
 
     def resume_cap(self, req: CacheRequest) -> int:
         """The largest resume point this engine may use for `req` (the prefill cap on a

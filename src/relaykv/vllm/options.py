@@ -8,7 +8,8 @@
 * `retention`: relaykv's retention (`auto`: dense on a prefill engine, `boundaries`
   elsewhere; docs/design.md §6);
 * `eagle_reuse`: `drop` (vLLM's EAGLE block drop, the default) or `successor` (relaykv
-  keys a draft group's blocks by the next token too; docs/design.md §4).
+  keys a draft group's blocks by the next token too; docs/design.md §4). Not `recompute`:
+  vLLM's model runner does not compute a hit's last position again into private copies.
 
 A bad value raises a `ValueError` naming the key, before the engine starts.
 """
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from relaykv.kvcache.geometry import EAGLE_REUSE_MODES, EagleReuse
+from relaykv.kvcache.geometry import EAGLE_REUSE_CACHE_ONLY, EagleReuse
 from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy, Role
 from relaykv.kvcache.retention import default_retention, parse_retention
 
@@ -70,9 +71,9 @@ class PluginOptions:
         except ValueError as exc:
             raise ValueError(f"{where}.retention: {exc}") from None
         eagle_reuse = str(raw.get("eagle_reuse", "drop"))
-        if eagle_reuse not in EAGLE_REUSE_MODES:
+        if eagle_reuse not in EAGLE_REUSE_CACHE_ONLY:
             raise ValueError(
-                f"{where}.eagle_reuse: expected {' or '.join(EAGLE_REUSE_MODES)}, "
+                f"{where}.eagle_reuse: expected {' or '.join(EAGLE_REUSE_CACHE_ONLY)}, "
                 f"got {eagle_reuse!r}"
             )
         return cls(policy, retention, role, eagle_reuse)  # type: ignore[arg-type]

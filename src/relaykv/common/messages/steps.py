@@ -24,6 +24,9 @@ KV positions the runner writes for one `SequenceWork` with `n = len(token_ids)`,
   and the committed length after the step is `s + n + a`.
 * reads: a query at position p reads `[p - W + 1, p]` (sliding) or `[0, p]` (full); those
   blocks must be real; entries below a window may be the null block 0.
+* `kv_copies`: `(group, source, destination)` whole pages the runner copies before the step
+  computes anything (a prefix hit's last block made private, so that recomputing its last
+  position writes no shared block: docs/design.md §4, `eagle_reuse=recompute`).
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ class SequenceWork:
     * `next_token_id`: the prompt token after this chunk, for a non-final chunk when the
       runner has a draft (the draft KV of the chunk's last position needs it);
     * `propose`: with a draft, return `k` proposals for the next step (False: write the
-      committed draft KV only, e.g. on a prefill engine that hands the request over).
+      committed draft KV only, e.g. on a prefill engine that hands the request over);
+    * `kv_copies`: pages to copy before the step (module docstring).
     """
 
     request_id: str
@@ -154,6 +158,7 @@ class SequenceWork:
     draft_token_ids: Sequence[int] = ()
     next_token_id: int | None = None
     propose: bool = True
+    kv_copies: Sequence[tuple[int, int, int]] = ()
 
 
 @dataclass(slots=True)

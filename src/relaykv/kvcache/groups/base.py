@@ -4,8 +4,10 @@ A kind states ONE thing: which earlier positions a position attends to, as
 `first_read_block(position)` (plus `reach`, how far back that can be at most). From it,
 `needed(r)` follows: the blocks a computation resuming at `r` reads (positions below `r`
 from the first read block on), plus the EAGLE peek block `r/b` for a draft group under
-`eagle_reuse=drop` (§4). Every other question any component asks about a group is a method
-here, derived from `needed` and checked against brute force over `needed` by
+`eagle_reuse=drop`; under `eagle_reuse=recompute` a resume at r computes position r-1 again,
+so it needs what r-1 reads instead, and no peek (§4). Every other question any component
+asks about a group is a method here, derived from `needed` and checked against brute force
+over `needed` by
 tests/kvcache/test_group_contract.py for random geometries:
 
 | method                         | question                                                  |
@@ -42,7 +44,17 @@ from relaykv.kvcache.geometry import Geometry, GroupSpec, cdiv
 class GroupRules(ABC):
     KIND: ClassVar[str]
 
-    __slots__ = ("alignment", "block_size", "draft", "index", "peek", "spec", "successor_keys")
+    __slots__ = (
+        "alignment",
+        "block_size",
+        "draft",
+        "index",
+        "peek",
+        "reuse_peek",
+        "spec",
+        "successor_keys",
+        "tail",
+    )
 
     def __init__(self, geometry: Geometry, index: int) -> None:
         self.index = index
@@ -52,6 +64,13 @@ class GroupRules(ABC):
         self.draft = geometry.is_draft(index)
         # Under the EAGLE drop a draft group must also hold the block starting at r (§4).
         self.peek = 1 if (self.draft and geometry.eagle_drop) else 0
+        # Under `eagle_reuse=recompute` a resume at r > 0 computes position r-1 again, in every
+        # group, into a private copy of the block holding it (§4): `needed(r)` is what r-1 reads.
+        self.tail = 1 if geometry.eagle_recompute else 0
+        # A block reused whole without computing its last position again (a decode engine's
+        # per-block reuse after a load, §7, which computes only N-1) still needs the next
+        # block to prove its draft KV, under the drop and under recompute alike.
+        self.reuse_peek = 1 if (self.draft and (geometry.eagle_drop or self.tail)) else 0
         # Draft groups under `eagle_reuse=successor` key blocks by the next token too (§4).
         self.successor_keys = self.draft and geometry.eagle_successor
 
@@ -76,7 +95,7 @@ class GroupRules(ABC):
         """Block indices a request resuming at `r` must hold (§4)."""
         if r <= 0:
             return range(0)
-        return range(self.first_read_block(r), r // self.block_size + self.peek)
+        return range(self.first_read_block(r - self.tail), r // self.block_size + self.peek)
 
     def longest_hit(self, keys: Sequence[bytes], cached: Container[bytes], cap: int) -> int:
         """Largest aligned resume point `<= cap` this group can serve (§5).
@@ -138,7 +157,8 @@ class GroupRules(ABC):
         """
         if self.reach is None:
             return None
-        # first_read_block is non-decreasing; lo satisfies it, hi does not.
+        # first_read_block is non-decreasing; lo satisfies it, hi does not. needed(r) starts
+        # at first_read_block(r - tail).
         lo = (first_block + 1) * self.block_size - 1
         hi = (first_block + 1) * self.block_size + self.reach - 1
         while hi - lo > 1:
@@ -147,7 +167,7 @@ class GroupRules(ABC):
                 lo = mid
             else:
                 hi = mid
-        return lo
+        return lo + self.tail
 
     def hash_horizon(self, upto: int) -> int | None:
         """A resume point beyond which no point's `needed` starts below block `upto // b`

@@ -26,8 +26,8 @@ class SlidingWindowGroup(GroupRules):
 
     # Closed forms of the generic derivations (hot paths; the contract tests check them).
     def hit_cap_for_floor(self, first_block: int) -> int:
-        # max(0, r-W+1)//b <= f  <=>  r <= (f+1)*b + W - 2
-        return (first_block + 1) * self.block_size + self.window - 2
+        # max(0, r-t-W+1)//b <= f  <=>  r <= (f+1)*b + W - 2 + t  (t: the recompute tail)
+        return (first_block + 1) * self.block_size + self.window - 2 + self.tail
 
     def slack_tokens(self, processed: int, first_block: int) -> int:
         # max(0, p-s-W+1)//b <= f  <=>  s >= p - W + 2 - (f+1)*b

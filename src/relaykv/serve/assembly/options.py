@@ -32,6 +32,9 @@ DEFAULT_MODEL = "tiny-hybrid"
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB of host memory for KV pages
 DEFAULT_MAX_MODEL_LEN = 4096  # capped by the model's max_position_embeddings
 DTYPES = ("float32", "bfloat16", "float16")
+# The EAGLE reuse modes relaykv's engine runs (docs/design.md §4; `successor` is a cache
+# experiment of `relaykv cache-probe`).
+ENGINE_EAGLE_REUSE = ("drop", "recompute")
 # A decode engine's local prefill per step: one chunk this size costs a running stream about
 # as much as a few decode steps of a small batch (docs/routing.md, "Conditional").
 DEFAULT_MAX_LOCAL_PREFILL_TOKENS = 256
@@ -60,6 +63,9 @@ class EngineOptions:
     # An EAGLE checkpoint directory, or "random"; None with speculative tokens: the model's
     # built-in draft (tiny-hybrid's and gemma3-270m's, relaykv.model.drafts).
     draft_model: str | None = None
+    # How a prefix hit treats the draft's KV at its last position (docs/design.md §4): drop
+    # the last unit (vLLM's rule), or compute that one position again (`recompute`).
+    eagle_reuse: str = "drop"
     seed: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
@@ -128,6 +134,21 @@ class EngineOptions:
                     "needs --draft-model (an EAGLE checkpoint or 'random'); built-in drafts: "
                     + ", ".join(shipped_drafts()),
                 )
+        if self.eagle_reuse not in ENGINE_EAGLE_REUSE:
+            raise OptionError(
+                "--eagle-reuse",
+                f"choose from {', '.join(ENGINE_EAGLE_REUSE)}, got {self.eagle_reuse!r}",
+            )
+        if (
+            self.eagle_reuse == "recompute"
+            and Role.parse(self.role).in_pd_pair
+            and PDPolicy.parse(self.pd_policy).common_resume
+        ):
+            raise OptionError(
+                "--eagle-reuse",
+                "recompute on a P/D engine needs --pd-policy per-group (a load computes only "
+                "the prompt's last token, so it cannot compute a common hit's last one again)",
+            )
         if self.draft_model and not self.speculative_tokens:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
         if self.dtype not in DTYPES:
@@ -212,6 +233,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH|random",
         help="EAGLE draft: a checkpoint directory, or 'random' (seeded random weights); "
         "tiny-hybrid and gemma3-270m default to their built-in distilled drafts",
+    )
+    model.add_argument(
+        "--eagle-reuse",
+        choices=ENGINE_EAGLE_REUSE,
+        default="drop",
+        help="with a draft, a prefix hit either stops one block before the shared prefix "
+        "ends (drop, vLLM's rule; the default) or reuses all of it and computes its last "
+        "position again (recompute) (docs/design.md §4)",
     )
     model.add_argument("--seed", type=int, default=None, help="sampling / random-draft seed")
     cache = parser.add_argument_group("KV cache and scheduling")
@@ -338,6 +367,7 @@ def engine_options(args: argparse.Namespace, **extra: Any) -> EngineOptions:
         max_num_seqs=args.max_num_seqs,
         speculative_tokens=args.speculative_tokens,
         draft_model=args.draft_model,
+        eagle_reuse=args.eagle_reuse,
         seed=args.seed,
         enable_prefix_caching=args.enable_prefix_caching,
         served_model_name=getattr(args, "served_model_name", None),
