@@ -160,7 +160,8 @@ def _one_by_one(eng: LLMEngine, prompts, max_tokens, tag: str):
     return out
 
 
-def test_eagle_recompute_reuses_the_whole_shared_prefix(tiny, draft) -> None:
+@pytest.mark.parametrize("budget", [48, 8])  # 8: the copies' step is one chunk of several
+def test_eagle_recompute_reuses_the_whole_shared_prefix(tiny, draft, budget: int) -> None:
     """`eagle_reuse=recompute` (docs/design.md §4): siblings of a 96-token prefix resume at
     96 instead of 80 and compute position 95 again, into private copies of its blocks.
     Outputs equal plain decoding (no draft), each sibling's draft acceptance equals a run
@@ -175,7 +176,9 @@ def test_eagle_recompute_reuses_the_whole_shared_prefix(tiny, draft) -> None:
     assert [req.output_ids for req, _, _ in cold] == expected
     computed = {}
     for mode in ("drop", "recompute"):
-        eng = engine(tiny, 240, k=2, draft=draft, eagle_reuse=mode, retention="dense")
+        eng = engine(
+            tiny, 240, k=2, draft=draft, budget=budget, eagle_reuse=mode, retention="dense"
+        )
         runs = _one_by_one(eng, prompts[:1], max_tokens[:1], "f")
         pages = _cached_pages(eng)
         runs += _one_by_one(eng, prompts[1:], max_tokens[1:], "s")

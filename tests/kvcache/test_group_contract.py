@@ -87,7 +87,7 @@ def _check_worst_case(rule: GroupRules, rng: random.Random) -> None:
     for p in range(0, max_len):
         top = cdiv(min(p + in_flight, max_len), rule.block_size)
         worst = max(worst, top - rule.first_kept_block(p - slack))
-    bound = rule.worst_case_blocks(max_len, in_flight, slack)
+    bound = rule.worst_case_blocks(max_len, in_flight, slack) - rule.tail  # §4 copy source
     assert worst <= bound <= worst + 1, (max_len, in_flight, slack, worst, bound)
 
 

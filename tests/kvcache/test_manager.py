@@ -380,3 +380,26 @@ def test_eagle_recompute_leaves_pd_loads_to_per_group_reuse() -> None:
             m.receive(req)
     m = KVCacheManager(geo, 64, pd_policy="per-group", pd_role=True)
     assert m.receive(m.add_request("d", tokens(40), role=CacheRole.DECODE)) is not None
+
+
+def test_eagle_recompute_sizing_leaves_room_for_the_private_copies() -> None:
+    """A pool sized for one `max_model_len` request (§8) still admits it with a hit: the
+    caps count the copy's source one step longer (§4), so the lone request never waits for
+    blocks that do not exist."""
+    from relaykv.kvcache import CacheSizing
+
+    geo = geometry("full:16", "sliding:16:32", draft=1, reuse="recompute")
+    plain = CacheSizing.build(geo.with_eagle_reuse("drop"), 1000, 68, 68)
+    sizing = CacheSizing.build(geo, 1000, 68, 68)
+    assert sizing.blocks_per_request == plain.blocks_per_request + 2
+    m = KVCacheManager(geo, sizing.blocks_per_request + 1, max_model_len=68,
+                       max_in_flight_tokens=68, retention="dense")
+    prefix = tokens(48, seed=1)
+    first = m.add_request("first", [*prefix, *tokens(16, seed=2)])
+    assert m.admit(first, 64, must_fit=64) is not None
+    m.commit(first, 64)
+    m.release(first)
+    sib = m.add_request("sibling", [*prefix, *tokens(20, seed=3)])
+    adm = m.admit(sib, 68, must_fit=68)
+    assert adm is not None and adm.start == 47 and len(sib.copies) == 2
+    assert_consistent(m)

@@ -23,11 +23,11 @@ def model():
     return loaded, random_draft(loaded.config, seed=1)
 
 
-def _engine(model, role: str, policy: str) -> LLMEngine:
+def _engine(model, role: str, policy: str, eagle_reuse: str = "drop") -> LLMEngine:
     loaded, draft = model
     runner = ModelRunner(loaded.model, num_blocks=BLOCKS, draft=draft, num_speculative_tokens=K)
     config = EngineConfig(
-        num_blocks=BLOCKS, role=role, pd_policy=policy,
+        num_blocks=BLOCKS, role=role, pd_policy=policy, eagle_reuse=eagle_reuse,
         scheduler=SchedulerConfig(max_num_batched_tokens=512, max_model_len=1024),
     )
     return LLMEngine(runner, config, vocab_size=loaded.config.vocab_size)
@@ -50,7 +50,21 @@ def colocated(model) -> list[list[int]]:
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("policy", PD_POLICIES)
 def test_pd_matches_colocated(model, colocated, policy: str, transport: str) -> None:
-    p, d = _engine(model, "prefill", policy), _engine(model, "decode", policy)
+    _pd_run(model, colocated, policy, transport)
+
+
+def test_pd_per_group_with_eagle_recompute_matches_colocated(model, colocated) -> None:
+    """`eagle_reuse=recompute` on both engines (docs/design.md §4): P's own hits and D's local
+    requests compute a hit's last position again; the tokens still equal a colocated engine's
+    under the default rule, and no block leaks on either side."""
+    _pd_run(model, colocated, "per-group", "shm", "recompute")
+
+
+def _pd_run(
+    model, colocated, policy: str, transport: str, eagle_reuse: str = "drop"
+) -> None:
+    p = _engine(model, "prefill", policy, eagle_reuse)
+    d = _engine(model, "decode", policy, eagle_reuse)
     t = get_transport(transport)
     p.attach_connector(PDConnector("prefill", p.manager, t, p.executor.kv_buffer, engine_id="P"))
     d.attach_connector(PDConnector("decode", d.manager, t, d.executor.kv_buffer, engine_id="D"))
@@ -78,6 +92,16 @@ def test_pd_matches_colocated(model, colocated, policy: str, transport: str) -> 
         # tiny-hybrid's draft sits in the full group: the published fix cannot help (§7).
         hits = d.manager.stats.prefix_cache_hits
         assert (hits > 0) == (policy in ("exact", "per-group")), hits
+        if eagle_reuse == "recompute":
+            # A local request on D (conditional disaggregation): the sibling again, from D's
+            # own cache, resuming one position below its hit (the private copies, §4).
+            params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+            (local,) = d.generate([_prompts()[1]], params)
+            assert local.output_ids == colocated[1]
+            assert 0 < local.num_cached_tokens < len(_prompts()[1]) - 1
+            assert local.num_cached_tokens % 16 == 15
+            assert_consistent(d.manager)
+            assert d.manager.pool.num_free == d.manager.pool.num_usable
     finally:
         p.connector.shutdown()
         d.connector.shutdown()

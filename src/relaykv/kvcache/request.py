@@ -28,9 +28,9 @@ CacheRole = Role
 
 def _int32_array(prompt: Sequence[int] | np.ndarray) -> tuple[array[int], bytes | None]:
     """The prompt as an int32 array, and for a list, a tuple or an int32 array its
-    little-endian int32 bytes too (what the hashes are computed from: the router converts
-    every 64k-token prompt it routes once, `accel.int32_bytes` in C where built, and hands
-    the array on; docs/routing.md "Cost")."""
+    little-endian int32 bytes too (what the hashes are computed from, `accel.int32_bytes` in
+    C where built; the router's intake hands its bytes on instead, `token_bytes`;
+    docs/routing.md "Cost")."""
     if isinstance(prompt, array) and prompt.typecode == "i" and prompt.itemsize == 4:
         out = prompt[:]  # a copy: the request may grow its own
         return out, out.tobytes() if np.little_endian else None

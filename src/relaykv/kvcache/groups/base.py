@@ -213,12 +213,13 @@ class GroupRules(ABC):
         """Most blocks one running request holds (§8): after p processed tokens it keeps
         from `first_kept_block(p - slack)`, at most `reach - 1 + slack` tokens back, up to
         the last of `in_flight_tokens` scheduled ones; a span of t tokens touches at most
-        `cdiv(t, b) + 1` blocks."""
+        `cdiv(t, b) + 1` blocks. Under `eagle_reuse=recompute` one more: the source of its
+        private copy, held until its first step is committed (§4)."""
         whole = cdiv(max_model_len, self.block_size)
         if self.reach is None:
-            return whole
+            return whole + self.tail
         span = min(self.reach - 1 + slack + in_flight_tokens, max_model_len)
-        return min(cdiv(span, self.block_size) + 1, whole)
+        return min(cdiv(span, self.block_size) + 1, whole) + self.tail
 
     # -- helpers ----------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
