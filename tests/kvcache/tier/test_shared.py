@@ -296,3 +296,50 @@ def test_restarted_decode_engine_asks_p_for_a_quarter() -> None:
     moved = sum(len(r) + len(t) for r, t in zip(first.receive, first.from_tier, strict=True))
     from_p = sum(len(r) for r in second.receive)
     assert from_p * 4 <= moved and any(second.from_tier), (from_p, moved)
+
+
+def _decode_steps(d: Engine, rid: str, prompt: list[int], steps: int) -> None:
+    """D receives `prompt` from P, then decodes `steps` tokens (its stores run)."""
+    req = d.m.add_request(rid, prompt, role=CacheRole.DECODE)
+    load = d.m.receive(req)
+    assert load is not None
+    if load.needs_transfer:
+        d.m.load_finished(load, True)
+    d.tier.run_all()
+    d.m.tier_poll()
+    d.m.tier_delivered()
+    for token in range(steps):  # each step writes one position and samples a token
+        assert d.m.reserve(req, req.num_tokens)
+        d.m.commit(req, req.num_tokens, [token % 5])
+    d.tier.run_all()
+    d.m.tier_poll()
+    d.m.release(req)
+    assert_consistent(d.m)
+
+
+def test_decode_engine_stores_only_what_it_computed() -> None:
+    """What a decode engine puts lives in its own part of the store and goes when it goes:
+    the prompt it received is its prefill engine's to store. P's stores went elsewhere here
+    (as when P's part of the store was not back yet after a master restart): D leaves the
+    store without the prompt, and without its own checkpoints, which would carry it. P's
+    stores in the store: D's checkpoints hang under P's and add only D's blocks."""
+    from relaykv.kvcache import Geometry, GroupSpec
+
+    geo = Geometry((GroupSpec("full", 16), GroupSpec("sliding", 16, window=64)))
+    store = FakeStore()
+    prompt = [i % 11 for i in range(100)]
+    elsewhere = Engine(geo, FakeStore(), 1000, pd_role=True)
+    _prefill(elsewhere, "pa", prompt)
+    d = _decode(geo, store, "per-group")
+    _decode_steps(d, "d-a", prompt, 40)
+    assert store.objects == {}
+
+    p = Engine(geo, store, 1000, pd_role=True)
+    _prefill(p, "pb", prompt)
+    before = set(store.objects)
+    _decode_steps(d, "d-b", prompt, 40)
+    added = set(store.objects) - before
+    req = d.m.add_request("keys", [*prompt, *[t % 5 for t in range(40)]])
+    prompt_blocks = {(g, key) for g in range(2) for key in req.keys(g)[: len(prompt) // 16]}
+    d.m.release(req)
+    assert added and not added & prompt_blocks

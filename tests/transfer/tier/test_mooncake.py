@@ -348,10 +348,13 @@ def test_real_master_share_close_kill_restart(tmp_path, caplog) -> None:
 @needs_mooncake
 def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
     """Restarted, a master mounts a new client's segment at its setup and a running client's
-    at that client's next heartbeat, up to a second later. A stores all along from the
-    restart on: every store it reports done sits in its own segment (where its stores went
-    before the restart), none in the new client's, and A knew its index was stale."""
-    from relaykv.transfer.tier.mooncake import connect_store
+    when that client's heartbeat finds it, a second or two later, while the client's health
+    check already says healthy. A stores all along from the restart on, once after a quick
+    restart and once after an outage it noticed and waited out: every store it reports done
+    sits in its own segment (where its stores went before the restart), none in the new
+    client's, and A knew its index was stale; the store lists what A stored since the
+    restart and A's marker, nothing older."""
+    from relaykv.transfer.tier.mooncake import RETRY_S, connect_store
     from relaykv.transfer.tier.store_master import MasterPorts, start_master
 
     def endpoints(client, names: list[str]) -> list[list[str]]:
@@ -372,10 +375,16 @@ def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
         assert _wait(a) == [(first, True)]
         [[own]] = endpoints(a.client, [a.keys.name(0, b"before".ljust(16))])
         job_id = 1
-        for cycle in range(2):
+        for cycle, outage in enumerate((0.0, RETRY_S + 1.5)):
             epoch = a.epoch
             master.proc.kill()  # type: ignore[union-attr]
             master.proc.wait()  # type: ignore[union-attr]
+            if outage:  # A notices (a failed call), and its pause after that ends
+                lost = _job(job_id, JobKind.LOAD, [(0, b"before".ljust(16), 2)])
+                job_id += 1
+                a.submit(lost)
+                assert _wait(a, 30) == [(lost, False)]
+                time.sleep(outage)
             master = start_master(ports, tmp_path / "master.log")
             others.append(connect_store(ports.address, 4 << 20))  # mounted before A's remount
             stored: list[str] = []
@@ -395,6 +404,9 @@ def test_real_master_restarted_puts_stay_in_their_own_segment(tmp_path) -> None:
             detail = httpx.get(f"http://127.0.0.1:{ports.admin}/get_segments_detail").json()
             used = {s["te_endpoint"]: s["allocator_used_bytes"] for s in detail["segments"]}
             assert used.pop(own) > 0 and set(used.values()) == {0}  # nothing of A elsewhere
+            # Nothing from before the restart is left, nor a marker put in the wrong place.
+            listed = httpx.get(f"http://127.0.0.1:{ports.admin}/get_all_keys").text.split()
+            assert sorted(listed) == sorted([*stored, a.keys.marker(a.client.get_hostname())])
     finally:
         a.shutdown()
         for client in others:

@@ -6,7 +6,11 @@
   offload boundary r that became ready (`TierPlan.ready_at(r) <= upto`) is added to the index
   as a checkpoint under the request's previous one; the blocks the tier lacks go out in one
   store job. Their device blocks are held (one reference each) until the job is reported,
-  so a block the pool frees meanwhile is never overwritten under the copy.
+  so a block the pool frees meanwhile is never overwritten under the copy. With a shared
+  tier, a decode engine stores only what it computed: the prompt's checkpoints are its
+  prefill engine's, which keeps them in its own part of the store (put by the decode engine
+  they would go when it goes), so the decode engine's checkpoints hang under the last one of
+  the prompt that it adopted from the store, and without one it stores none.
 * `start_load(req, hit)` after the manager gave a tiered hit fresh blocks: one load job, the
   slots pinned; the request waits (the scheduler's loading queue) until `poll` reports it.
 * `poll(pool)` applies what the backend finished: stores become visible (and their device
@@ -26,7 +30,7 @@ from dataclasses import dataclass, fields
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool
-from relaykv.kvcache.request import CacheRequest
+from relaykv.kvcache.request import CacheRequest, CacheRole
 from relaykv.kvcache.tier.backend import SharedTierBackend, TierBackend
 from relaykv.kvcache.tier.index import TierEventSink, TierIndex
 from relaykv.kvcache.tier.jobs import JobKind, TierCopy, TierJob
@@ -51,14 +55,19 @@ class TierStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+NEVER = 1 << 62  # a chain's `after` once it stores nothing more
+
+
 @dataclass(slots=True)
 class _Chain:
     """How far a request's checkpoints got: boundaries up to `after` were considered; the
-    last stored one sits at `parent_r` (node `parent`, None: no checkpoint yet)."""
+    last stored one sits at `parent_r` (node `parent`, None: no checkpoint yet). `rooted`:
+    the chain hangs under a checkpoint another engine stored, and ends when that one goes."""
 
     after: int = 0
     parent_r: int = 0
     parent: bytes | None = None
+    rooted: bool = False
 
 
 class KVTier:
@@ -87,7 +96,9 @@ class KVTier:
         self, req: CacheRequest, upto: int, pool: BlockPool, extra: Iterable[int] = ()
     ) -> None:
         """Store the checkpoints of `req` that `upto` written tokens made ready."""
-        chain = self._chains.setdefault(req.request_id, _Chain())
+        chain = self._chains.get(req.request_id)
+        if chain is None:
+            chain = self._chains[req.request_id] = self._new_chain(req, extra)
         plan = self.plan
         points = plan.points(chain.after, upto, extra)
         if not points or plan.ready_at(points[0]) > upto:
@@ -99,6 +110,9 @@ class KVTier:
             if plan.ready_at(r) > upto:
                 break
             if chain.parent is not None and chain.parent not in self.index.nodes:
+                if chain.rooted:  # the prefill engine's checkpoint left the index
+                    chain.after = NEVER
+                    break
                 chain.parent_r, chain.parent = 0, None  # evicted: the next one is a root
             items = plan.items(keys, r, chain.parent_r)
             if items is None:
@@ -122,6 +136,22 @@ class KVTier:
             pool.touch(held)
             self._submit(JobKind.STORE, copies, None)
             self._stores[self._next_job - 1] = held
+
+    def _new_chain(self, req: CacheRequest, extra: Iterable[int]) -> _Chain:
+        """A request's chain; a decode engine's on a shared tier hangs under the last
+        checkpoint of its prompt that the index holds (its prefill engine's), or stores
+        nothing."""
+        if self._shared is None or req.role is not CacheRole.DECODE:
+            return _Chain()
+        keys = [req.keys(g) for g in range(len(self.rules))]
+        prompt = req.num_prompt_tokens
+        for r in reversed(self.plan.points(0, prompt, extra)):
+            if any(need.stop > len(keys[g]) for g, need in enumerate(self.plan.covered(r))):
+                continue  # a block it needs is not keyed yet: never a stored checkpoint
+            node = self.plan.node_id(keys, r)
+            if node in self.index.nodes:
+                return _Chain(prompt, r, node, rooted=True)
+        return _Chain(NEVER)
 
     def _device_blocks(
         self, req: CacheRequest, items: list[list[tuple[int, bytes]]], pool: BlockPool
