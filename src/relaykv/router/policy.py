@@ -85,7 +85,7 @@ _EPS = 0.005
 class Candidate(NamedTuple):
     """One engine as a policy sees it for one request (a named tuple, not a frozen
     dataclass: a router builds one per engine per decision, and a frozen dataclass's
-    `__init__` sets each field through `object.__setattr__`, several times slower;
+    `__init__` sets each field through `object.__setattr__`, 2-4 times slower here;
     docs/routing.md "Cost")."""
 
     hit_tokens: int = 0  # usable prompt tokens already held there (0 when unknown)

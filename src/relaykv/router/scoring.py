@@ -25,8 +25,8 @@ from relaykv.router.prompt import Prompt
 @dataclass(slots=True)
 class EngineView:
     """One engine as scored for one prompt (not frozen: a router builds one per engine per
-    decision, and a frozen dataclass sets each field through `object.__setattr__`, several
-    times slower; docs/routing.md "Cost")."""
+    decision, and a frozen dataclass sets each field through `object.__setattr__`, 2-4
+    times slower here; docs/routing.md "Cost")."""
 
     index: EngineIndex | None  # what it holds (None: judged on load alone)
     in_flight: int  # requests this router has in flight there
