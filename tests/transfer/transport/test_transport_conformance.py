@@ -193,10 +193,11 @@ def test_delay_does_not_block_other_requests(pair: Pair) -> None:
     slow, fast = rid("slow"), rid("fast")
     pair.source.allow(slow, {0: [28]})
     pair.source.allow(fast, {0: [31]})
-    # The slow read is held 1 s; the fast one, asked after it, must finish while the slow one
+    # The slow read is held 3 s; the fast one, asked after it, must finish while the slow one
     # is still held (an ordering: one small read takes milliseconds, and the hold is all the
-    # slow read's wall time, once per transport in CI).
-    pair.source.inject(FaultPlan(delay_s=1.0, request_ids=frozenset({slow})))
+    # slow read's wall time, once per transport in CI). A 1 s hold was too short for a
+    # subprocess source on a loaded 2-core CI host: the fast read once took longer.
+    pair.source.inject(FaultPlan(delay_s=3.0, request_ids=frozenset({slow})))
     slow_h = pair.client.start_read(pair.source.descriptor, slow, [PageCopy(0, 28, 48, 8192)])
     pair.client.read(pair.source.descriptor, fast, [PageCopy(0, 31, 60, 8192)])
     assert not slow_h.done(), "the fast read waited for the delayed one"
