@@ -25,6 +25,9 @@ EAGLE_REUSE_MODES: tuple[str, ...] = ("drop", "successor", "recompute")
 # The modes that need nothing of the model runner: `recompute` needs one that copies pages
 # and computes a hit's last position again (relaykv's own; not vLLM's, not the cache probe).
 EAGLE_REUSE_CACHE_ONLY: tuple[str, ...] = ("drop", "successor")
+# The modes relaykv's own engine runs (`successor` is a cache experiment of `relaykv
+# cache-probe` and the vLLM plugin).
+EAGLE_REUSE_ENGINE: tuple[str, ...] = ("drop", "recompute")
 
 
 def cdiv(a: int, b: int) -> int:

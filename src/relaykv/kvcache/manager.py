@@ -23,7 +23,7 @@ from relaykv.kvcache.events import KVEventSource
 from relaykv.kvcache.geometry import Geometry, cdiv
 from relaykv.kvcache.groups import rules_for
 from relaykv.kvcache.lookup import LocalHit, find_longest_hit, longest_hit_tokens
-from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy
+from relaykv.kvcache.pd_config import DEFAULT_PD_POLICY, PDPolicy, eagle_reuse_conflict
 from relaykv.kvcache.pd_plan import PDPlan, pd_plan, prefill_hit_cap, reach_blocks
 from relaykv.kvcache.pool import NULL_BLOCK, BlockPool, EventSink, KVEvent
 from relaykv.kvcache.request import CacheRequest, CacheRole, KVLoad
@@ -302,14 +302,11 @@ class KVCacheManager:
         return load
 
     def _check_load_policy(self, plan: PDPlan) -> None:
-        """A delivered load computes only N-1 (§7), so it cannot compute a common hit's last
-        position again: under `eagle_reuse=recompute` only `per-group` reuse (which keeps the
-        per-block peek, `GroupRules.reuse_peek`) is sound on a decode engine."""
-        if plan.common_resume and self.geometry.eagle_recompute:
-            raise ValueError(
-                f"--pd-policy {self.pd_policy.value} resumes a load at a common hit; with "
-                "eagle_reuse=recompute a decode engine needs --pd-policy per-group"
-            )
+        """A load under `eagle_reuse=recompute` needs `per-group` (`eagle_reuse_conflict`)."""
+        if self.geometry.eagle and (
+            conflict := eagle_reuse_conflict(plan.policy, self.geometry.eagle_reuse)
+        ):
+            raise ValueError(conflict)
 
     def _tier_reuse(
         self, req: CacheRequest, plan: PDPlan, hit: LocalHit | None

@@ -40,6 +40,19 @@ class PDPolicy(StrEnum):
         return self in (PDPolicy.EXACT, PDPolicy.PER_GROUP)
 
 
+def eagle_reuse_conflict(policy: PDPolicy, eagle_reuse: str) -> str | None:
+    """Why a decode engine under `policy` cannot run `eagle_reuse`, or None. A delivered load
+    computes only N-1 (§7), so it cannot compute a common hit's last position again: under
+    `eagle_reuse=recompute` only `per-group` reuse (which keeps the per-block peek,
+    `GroupRules.reuse_peek`) is sound (docs/design.md §4)."""
+    if eagle_reuse == "recompute" and policy.common_resume:
+        return (
+            f"--pd-policy {policy.value} resumes a load at a common hit; with "
+            "eagle_reuse=recompute a decode engine needs --pd-policy per-group"
+        )
+    return None
+
+
 class Role(StrEnum):
     """What an engine does for a request: everything, or one side of a P/D transfer."""
 

@@ -98,7 +98,7 @@ def assemble_engine(
 ) -> ServedEngine:
     """Size the pool, build the executor for it and the engine around it (see module doc)."""
     options.check()
-    geometry = geometry.with_eagle_reuse(options.eagle_reuse)  # type: ignore[arg-type]
+    geometry = geometry.with_eagle_reuse(options.eagle_reuse)
     if options.role.in_pd_pair and connector_factory is None:
         raise OptionError(
             "--role",
@@ -153,7 +153,7 @@ def assemble_engine(
         role=options.role,
         pd_policy=options.pd_policy,
         sibling_reach=options.sibling_reach if options.role.in_pd_pair else 0,
-        eagle_reuse=options.eagle_reuse,  # type: ignore[arg-type]
+        eagle_reuse=options.eagle_reuse,
         model_name=options.served_model_name or model.name,
         sizing=sizing,
         kv_offloading_interval=options.kv_offloading_interval,

@@ -25,6 +25,8 @@ from typing import Any
 
 from relaykv.engine import KV_LOAD_FAILURE_POLICIES
 from relaykv.kvcache import DEFAULT_PD_POLICY, PD_POLICIES, ROLES, PDPolicy, Role
+from relaykv.kvcache.geometry import EAGLE_REUSE_ENGINE, EagleReuse
+from relaykv.kvcache.pd_config import eagle_reuse_conflict
 from relaykv.kvcache.retention import AUTO_RETENTION, ENGINE_RETENTION_HELP
 from relaykv.serve.assembly.sizes import format_bytes, parse_bytes
 
@@ -32,9 +34,6 @@ DEFAULT_MODEL = "tiny-hybrid"
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB of host memory for KV pages
 DEFAULT_MAX_MODEL_LEN = 4096  # capped by the model's max_position_embeddings
 DTYPES = ("float32", "bfloat16", "float16")
-# The EAGLE reuse modes relaykv's engine runs (docs/design.md §4; `successor` is a cache
-# experiment of `relaykv cache-probe`).
-ENGINE_EAGLE_REUSE = ("drop", "recompute")
 # A decode engine's local prefill per step: one chunk this size costs a running stream about
 # as much as a few decode steps of a small batch (docs/routing.md, "Conditional").
 DEFAULT_MAX_LOCAL_PREFILL_TOKENS = 256
@@ -65,7 +64,7 @@ class EngineOptions:
     draft_model: str | None = None
     # How a prefix hit treats the draft's KV at its last position (docs/design.md §4): drop
     # the last unit (vLLM's rule), or compute that one position again (`recompute`).
-    eagle_reuse: str = "drop"
+    eagle_reuse: EagleReuse = "drop"
     seed: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: str | None = None
@@ -134,21 +133,15 @@ class EngineOptions:
                     "needs --draft-model (an EAGLE checkpoint or 'random'); built-in drafts: "
                     + ", ".join(shipped_drafts()),
                 )
-        if self.eagle_reuse not in ENGINE_EAGLE_REUSE:
+        if self.eagle_reuse not in EAGLE_REUSE_ENGINE:
             raise OptionError(
                 "--eagle-reuse",
-                f"choose from {', '.join(ENGINE_EAGLE_REUSE)}, got {self.eagle_reuse!r}",
+                f"choose from {', '.join(EAGLE_REUSE_ENGINE)}, got {self.eagle_reuse!r}",
             )
-        if (
-            self.eagle_reuse == "recompute"
-            and Role.parse(self.role).in_pd_pair
-            and PDPolicy.parse(self.pd_policy).common_resume
+        if Role.parse(self.role).in_pd_pair and (
+            conflict := eagle_reuse_conflict(PDPolicy.parse(self.pd_policy), self.eagle_reuse)
         ):
-            raise OptionError(
-                "--eagle-reuse",
-                "recompute on a P/D engine needs --pd-policy per-group (a load computes only "
-                "the prompt's last token, so it cannot compute a common hit's last one again)",
-            )
+            raise OptionError("--eagle-reuse", conflict)
         if self.draft_model and not self.speculative_tokens:
             raise OptionError("--draft-model", "needs --speculative-tokens K (K >= 1)")
         if self.dtype not in DTYPES:
@@ -236,7 +229,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--eagle-reuse",
-        choices=ENGINE_EAGLE_REUSE,
+        choices=EAGLE_REUSE_ENGINE,
         default="drop",
         help="with a draft, a prefix hit either stops one block before the shared prefix "
         "ends (drop, vLLM's rule; the default) or reuses all of it and computes its last "
