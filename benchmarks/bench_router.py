@@ -119,12 +119,7 @@ def decisions_per_s(
     chosen = None
     rng = random.Random(3)
     head = prompt[: len(prompt) - SHARED_TAIL]
-    prompt_read = choice = req = None
     for _ in range(args.repeat):
-        # The previous decision's prompt (its body's list, bytes, hashes) and records are
-        # released before the timer: freeing them ends that request, it is no part of
-        # routing this one (docs/routing.md "Cost").
-        prompt_read = choice = req = None
         if shared:  # a new tail each time; the head is in the memo after the first decision
             tokens = head + rng.choices(range(50_000), k=SHARED_TAIL)
         else:
