@@ -28,6 +28,7 @@ from relaykv.kvcache.accel import (
     values_u64,
     values_u64_py,
 )
+from relaykv.kvcache.decode_loads import reused_in_masks, reused_in_masks_py
 from relaykv.kvcache.hashing import (
     _H,
     SEED_HASH,
@@ -240,6 +241,39 @@ def test_slot_counts_equal_numpy_slot_by_slot() -> None:
             assert counted[1][slot] == accel.slot_run_py(held_from_0, slot), (trial, slot)
     with pytest.raises(ValueError, match="whole uint64"):
         ACCEL.slot_counts(b"\x00" * 9)
+
+
+@needs_accel
+def test_slot_reused_equals_reused_indices_on_the_slots_bits() -> None:
+    # A router's exact per-group reuse of a decode engine, read from the holders masks: the
+    # C pass against kvcache's rule (`reused_indices` on the slot's bits, and a block-by-block
+    # oracle of it), on random masks, slots, ranges and peeks.
+    rng = np.random.default_rng(19)
+    for trial in range(400):
+        n = int(rng.choice([0, 1, 2, 7, 64, 300]))
+        masks = rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False)
+        if trial % 3 == 0:  # dense runs of one slot
+            masks |= (rng.random(n) < 0.9).astype(np.uint64) << np.uint64(5)
+        slot = 5 if trial % 3 == 0 else int(rng.integers(0, 64))
+        start = int(rng.integers(0, n + 1))
+        stop = int(rng.integers(0, n + 1))
+        peek = int(rng.integers(0, 2))
+        got = reused_in_masks(masks, slot, start, stop, peek)
+        assert got.dtype == np.int64
+        ref = reused_in_masks_py(masks, slot, start, stop, peek)
+        bit = [(int(m) >> slot) & 1 for m in masks]
+        oracle = [
+            k for k in range(start, stop) if bit[k] and (not peek or (k + 1 < n and bit[k + 1]))
+        ]
+        assert got.tolist() == ref.tolist() == oracle, (trial, slot, start, stop, peek)
+    for args in [(np.zeros(4, np.uint64), 64, 0, 4, 0), (np.zeros(4, np.uint64), 0, -1, 4, 0),
+                 (np.zeros(4, np.uint64), 0, 0, 5, 1)]:
+        with pytest.raises(ValueError):
+            reused_in_masks(*args)
+        with pytest.raises(ValueError):
+            reused_in_masks_py(*args)
+    with pytest.raises(ValueError, match="whole uint64"):
+        ACCEL.slot_reused(b"\x00" * 9, 0, 0, 1, 0)
 
 
 @needs_accel

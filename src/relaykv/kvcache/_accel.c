@@ -33,6 +33,13 @@
  *       runs[s], the keys from key 0 on whose masks all have bit s (the run of held keys
  *       from the first). The reference is accel.slot_held_py / slot_run_py, slot by slot.
  *
+ *   slot_reused(masks, slot, start, stop, peek) -> bytes
+ *       Native int64 indices k in [start, stop), ascending, whose mask in the buffer of
+ *       native uint64 bitmasks has bit `slot` and, when `peek`, whose next mask (k + 1, within
+ *       the buffer) has it too: kvcache's per-group reuse rule (decode_loads.reused_indices)
+ *       on one engine slot's bits. 0 <= start, stop <= len(masks), 0 <= slot < 64. The
+ *       reference is decode_loads.reused_in_masks_py.
+ *
  *   values_u64(mapping, keys) -> bytes
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
  *       where the key is absent: a router's pass over a prompt's keys in the map of which
@@ -1027,6 +1034,81 @@ fail:
     return NULL;
 }
 
+static PyObject *
+slot_reused(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "slot_reused(masks, slot, start, stop, peek) takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t slot = PyLong_AsSsize_t(args[1]);
+    if (slot == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t stop = PyLong_AsSsize_t(args[3]);
+    if (stop == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int peek = PyObject_IsTrue(args[4]);
+    if (peek < 0) {
+        return NULL;
+    }
+    if (slot < 0 || slot > 63) {
+        PyErr_SetString(PyExc_ValueError, "slot_reused: slot must be in [0, 64)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 8;
+    if (view.len % 8 != 0 || start < 0 || stop > n) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slot_reused: masks must be whole uint64 values, "
+                                          "0 <= start and stop <= len(masks)");
+        return NULL;
+    }
+    Py_ssize_t count = stop > start ? stop - start : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const char *p = (const char *)view.buf;
+    char *q = PyBytes_AS_STRING(out);
+    Py_ssize_t found = 0;
+    uint64_t next = 0; /* bit `slot` of mask k + 1 (0 past the buffer) */
+    if (count) {
+        uint64_t m;
+        memcpy(&m, p + 8 * start, 8);
+        next = (m >> slot) & 1;
+    }
+    for (Py_ssize_t k = start; k < stop; k++) {
+        uint64_t here = next;
+        next = 0;
+        if (k + 1 < n) {
+            uint64_t m;
+            memcpy(&m, p + 8 * (k + 1), 8);
+            next = (m >> slot) & 1;
+        }
+        if (here && (!peek || next)) {
+            int64_t v = (int64_t)k;
+            memcpy(q + 8 * found, &v, 8);
+            found++;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (found != count && _PyBytes_Resize(&out, found * 8) < 0) {
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"slot_counts", (PyCFunction)slot_counts, METH_O,
      "slot_counts(masks) -> (held, runs): per engine slot, keys held and the run from key 0"},
@@ -1036,6 +1118,8 @@ static PyMethodDef methods[] = {
      "chain(data, step, parent, first_extra, digest) -> list of chained unit hashes"},
     {"bind_xxh3", (PyCFunction)(void (*)(void))bind_xxh3, METH_FASTCALL,
      "bind_xxh3(path, digest) -> whether chain calls xxhash's XXH3_128bits directly"},
+    {"slot_reused", (PyCFunction)(void (*)(void))slot_reused, METH_FASTCALL,
+     "slot_reused(masks, slot, start, stop, peek) -> native int64 bytes of reused indices"},
     {"values_u64", (PyCFunction)(void (*)(void))values_u64, METH_FASTCALL,
      "values_u64(mapping, keys) -> native uint64 bytes of mapping.get(key, 0) per key"},
     {NULL, NULL, 0, NULL},

@@ -30,6 +30,7 @@ from itertools import repeat
 
 import numpy as np
 
+import relaykv.kvcache.accel as accel
 from relaykv.kvcache.groups import GroupRules
 from relaykv.kvcache.lookup import LocalHit
 from relaykv.kvcache.pd_plan import PDPlan
@@ -337,6 +338,28 @@ def reused_indices(found: np.ndarray, start: int, stop: int, peek: int) -> np.nd
         proven[: len(nxt)] = nxt
         held &= proven
     return start + np.flatnonzero(held)
+
+
+def reused_in_masks(masks: np.ndarray, slot: int, start: int, stop: int, peek: int) -> np.ndarray:
+    """`reused_indices` where the probes are bit `slot` of a uint64 bitmask per block (a
+    router's map of which engines hold each key, relaykv.router.holders): one C pass where the
+    accelerator is built, else `reused_in_masks_py`. 0 <= start, stop <= len(masks)."""
+    native = getattr(accel.native, "slot_reused", None)  # None: not built, or built before it
+    if native is None:
+        return reused_in_masks_py(masks, slot, start, stop, peek)
+    data = native(np.ascontiguousarray(masks, dtype=np.uint64), slot, start, stop, peek)
+    return np.frombuffer(data, dtype=np.int64)
+
+
+def reused_in_masks_py(
+    masks: np.ndarray, slot: int, start: int, stop: int, peek: int
+) -> np.ndarray:
+    """`reused_in_masks` in numpy: the slot's bits as the probes of `reused_indices` (the
+    reference the C pass is tested against)."""
+    if not 0 <= slot < 64 or start < 0 or stop > len(masks):
+        raise ValueError("slot_reused: 0 <= slot < 64, 0 <= start and stop <= len(masks)")
+    found = (masks[start : stop + 1 if peek else stop] >> np.uint64(slot)) & np.uint64(1)
+    return reused_indices(found, start, stop, peek)
 
 
 def local_groups(rules: Sequence[GroupRules]) -> list[GroupRules]:

@@ -129,8 +129,11 @@ class CacheRequest:
             for k in range(len(keys), max(total, 0)):
                 keys.append(successor_key(hashes[(k + 1) * ratio - 1], tokens[(k + 1) * b]))
         elif ratio == 1:
-            if len(keys) < len(hashes):
-                keys.extend(hashes[len(keys) :] if keys else hashes)
+            # A block is one hash unit: its keys are the unit hashes, so the group's list is
+            # the hashes list itself (no copy of 4,096 references for a 64k-token prompt),
+            # which grows with it. Callers only read it.
+            if keys is not hashes:
+                keys = self._keys[group] = hashes
         else:
             total = len(hashes) // ratio
             if len(keys) < total:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from relaykv.kvcache.accel import KeyMasks, key_masks, slot_counts, slot_held_py, slot_run_py
+from relaykv.kvcache.decode_loads import reused_in_masks
 
 MAX_SLOTS = 64  # bitmasks stay numpy uint64; later engines are counted one by one
 
@@ -77,7 +78,7 @@ class PromptCounts:
             return self._counted[0][slot]
         return slot_held_py(self._array, slot)
 
-    def found(self, slot: int, start: int, stop: int) -> np.ndarray:
-        """Per key `start..stop-1`, 1 where `slot` holds it, else 0: an engine's probes for
-        kvcache's `reused_indices`, without probing its map again."""
-        return (self._array[start:stop] >> np.uint64(slot)) & np.uint64(1)
+    def reused(self, slot: int, start: int, stop: int, peek: int) -> np.ndarray:
+        """kvcache's `reused_indices` of keys `start..stop-1` on the engine of `slot`, its
+        probes read from the masks (`reused_in_masks`), without probing its map again."""
+        return reused_in_masks(self._array, slot, start, stop, peek)

@@ -292,9 +292,7 @@ class EngineIndex:
         stop = min(held.stop, len(req.keys(rule.index)))
         if held.start >= stop:
             return np.zeros(0, dtype=np.int64)
-        peek = rule.reuse_peek
-        found = counts(rule.index).found(self.slot, held.start, stop + 1 if peek else stop)
-        return reused_indices(found, held.start, stop, peek)
+        return counts(rule.index).reused(self.slot, held.start, stop, rule.reuse_peek)
 
     def resume_cap(self, req: CacheRequest) -> int:
         """The largest resume point this engine may use for `req` (the prefill cap on a

@@ -14,7 +14,8 @@ prompt with recent ones hash only the rest (`kvcache.hashing.PrefixChains`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,7 +35,10 @@ class Prompt:
     """A request's prompt tokens, hashed once per geometry and shared by its prefill and
     decode decisions; `chains` is the router's memo of recently hashed prefixes."""
 
-    tokens: list[int]
+    # The ids: where the intake converted a body's list (`ids`), a view of those bytes, so a
+    # request's prompt holds no 65k-item list of Python ints of its own (docs/routing.md
+    # "Cost"; the body's list goes with the body).
+    tokens: Sequence[int]
     salt: str | None = None
     chains: PrefixChains | None = None
     ids: bytes | None = None  # `tokens` as little-endian int32 bytes, when the intake has them
@@ -77,6 +81,15 @@ class Prompt:
             )
         self._last = (key, req)
         return req
+
+
+def _int32_view(ids: bytes, raw: list[int]) -> Sequence[int]:
+    """The ids in `ids` (little-endian int32) as a sequence of ints without a copy where
+    the host is little-endian, else the body's list `raw` they were converted from."""
+    view = memoryview(ids)
+    if sys.byteorder == "little" and view.cast("i").itemsize == 4:
+        return view.cast("i")
+    return raw
 
 
 def _token_ids(raw: list[Any]) -> bytes | None:
@@ -126,7 +139,7 @@ class PromptReader:
         if isinstance(raw, list) and raw:
             converted = _token_ids(raw)
             if converted is not None:
-                return Prompt(raw, salt, self.chains, converted)
+                return Prompt(_int32_view(converted, raw), salt, self.chains, converted)
             return None
         if isinstance(raw, str) and raw and self._tokenizer is not None:
             try:
