@@ -243,7 +243,10 @@ class TokenHashes:
             parent = self.hashes[-1] if self.hashes else None
             extra = self.salt_extra if not self.hashes else b""
             new = chain_hashes(data, self.unit, parent, extra)
-        self.hashes.extend(new)
+        if self.hashes:
+            self.hashes.extend(new)
+        else:  # the first hashing: its list is a new one (no copy of 4,096 references)
+            self.hashes = new
         self._pending = data[len(new) * self.unit * 4 :]
 
     def __len__(self) -> int:
