@@ -58,6 +58,8 @@ def test_aba_writes_tables_plots_and_results(
     ]
     assert runs[1]["command"].endswith("--json --pd-policy per-group")
     assert sorted(p.name for p in (tmp_path / "results").iterdir())[0] == "A1-c1_output1.json"
+    # per-request arrays only with --save-detailed
+    assert "itls" not in json.loads((tmp_path / "results" / "A1-c1_output1.json").read_text())
 
     table = json.loads((tmp_path / "ab_table.json").read_text())
     rows = {(r["group"], r["metric"]): r for r in table["rows"]}
@@ -82,7 +84,10 @@ def test_aba_writes_tables_plots_and_results(
 def test_interleaved_runs_share_the_same_minutes_and_give_the_same_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert ab(tmp_path, "--interleave", "--probe", "--probe-prefix-len", "64", "--settle", "0") == 0
+    assert ab(
+        tmp_path, "--interleave", "--probe", "--probe-prefix-len", "64", "--settle", "0",
+        "--save-detailed",
+    ) == 0
     out = capsys.readouterr().out
     # every cluster is up before the first group, and stopped after the last
     assert out.index("[3/3] A2: cluster ready") < out.index("A1 c1/output1: 3/3 ok")
@@ -101,6 +106,18 @@ def test_interleaved_runs_share_the_same_minutes_and_give_the_same_counts(
     assert rows[("c2/output4", "differing_outputs")]["values"] == {"A1": 0, "B1": 0, "A2": 0}
     result = json.loads((tmp_path / "results" / "B1-c2_output4.json").read_text())
     assert result["completed"] == 4 and result["total_output_tokens"] == 16
+    # --save-detailed: each run's requests, in request order, with their own token gaps;
+    # the c2 group went in two waves of two, and every run's first wave started before
+    # any run's second one (the runs shared the same minutes)
+    detailed = [
+        json.loads((tmp_path / "results" / f"{label}-c2_output4.json").read_text())
+        for label in ("A1", "B1", "A2")
+    ]
+    assert all(len(d["itls"]) == len(d["start_times"]) == 4 for d in detailed)
+    assert all(len(gaps) == 3 for d in detailed for gaps in d["itls"])
+    first_waves = [t for d in detailed for t in d["start_times"][:2]]
+    second_waves = [t for d in detailed for t in d["start_times"][2:]]
+    assert max(first_waves) < min(second_waves)
     # one front end per run is not supported interleaved: refused before anything starts
     assert ab(tmp_path / "front", "--interleave", "--front-cmd", "x --port {port}") == 2
     assert "--interleave does not take --front-cmd" in capsys.readouterr().err

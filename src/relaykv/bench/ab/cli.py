@@ -113,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prefixes", type=int, default=1)
     parser.add_argument("--num-warmups", type=int, default=1, help="warmups per group")
     parser.add_argument("--seed", type=int, default=0, help="group i uses seed + i")
+    parser.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="per-request arrays (start_times, ttfts, itls, ...) in results/*.json, as "
+        "`bench serve --save-detailed`: which streams' gaps make a P99 ITL",
+    )
     parser.add_argument("--probe", action="store_true", help="run the probe on each cluster first")
     parser.add_argument("--probe-prefix-len", type=int, default=8192)
     parser.add_argument("--probe-suffix-len", type=int, default=16)
@@ -382,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
             num_prefixes=args.num_prefixes,
             num_warmups=args.num_warmups,
             seed=args.seed,
+            detailed=args.save_detailed,
         )
         check_workload(args, workload)
     except (ValueError, DatasetError) as exc:

@@ -74,6 +74,7 @@ class Workload:
     num_warmups: int = 1
     seed: int = 0
     percentiles: tuple[float, ...] = (99.0,)
+    detailed: bool = False  # per-request arrays in each result (`--save-detailed`)
 
 
 @dataclass(slots=True)
@@ -169,7 +170,9 @@ def _group_result(
     )
     return GroupResult(
         group=group.label,
-        result=build_result(description, metrics, duration_s, outcomes),
+        result=build_result(
+            description, metrics, duration_s, outcomes, detailed=workload.detailed
+        ),
         ttfts_ms=[o.ttft * 1000 for o in outcomes if o.success],
         counters=counters,
         errors=[o.error for o in outcomes if not o.success][:10],
