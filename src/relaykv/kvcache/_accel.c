@@ -72,6 +72,13 @@
 #define RELAYKV_POSIX 1
 #endif
 
+#if defined(__GNUC__) || defined(__clang__)
+#define KM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define KM_PREFETCH(p) ((void)(p))
+#endif
+#define INT32_PREFETCH 48 /* items ahead whose int objects int32_bytes prefetches */
+
 /* xxhash's XXH128_hash_t and XXH3_128bits (xxhash.h, stable since 0.8.0). */
 typedef struct {
     uint64_t low64;
@@ -262,11 +269,16 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     /* Exact ints of one digit, read straight from the items array: no Python code runs in
-     * this loop, so the sequence cannot change under it. The first other item ends it. */
+     * this loop, so the sequence cannot change under it. The first other item ends it. The
+     * int objects a few dozen items ahead are prefetched (a 64k-token body's ints span
+     * about 2 MB, beyond the core's own caches). */
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t i = 0;
     for (; i < n; i++) {
         int32_t v;
+        if (i + INT32_PREFETCH < n) {
+            KM_PREFETCH(items[i + INT32_PREFETCH]);
+        }
         if (!compact_int(items[i], &v)) {
             break;
         }
@@ -539,11 +551,6 @@ typedef struct {
 
 #ifndef KM_BATCH
 #define KM_BATCH 16
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define KM_PREFETCH(p) __builtin_prefetch(p)
-#else
-#define KM_PREFETCH(p) ((void)(p))
 #endif
 
 static inline int
