@@ -187,6 +187,35 @@ async def test_a_one_token_request_in_flight_is_no_stream() -> None:
     ]
 
 
+async def test_a_wave_of_streamed_siblings_sends_its_first_local_and_the_rest_through_p() -> None:
+    # `bench ab --interleave` sends a c4 group in waves of four requests that start
+    # together: the first finds no stream on D and goes local; from its decode call on it
+    # is a stream there, so the other three go through P (docs/routing.md, "Measured").
+    engines = HeldStreams()
+    router = _router(HeldPrefix(), [D1])
+    d1 = router.decode.backends[0]
+    body = {**BODY, "stream": True, "max_tokens": 5}
+    async with _client(router, engines) as client:
+        wave = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(4)]
+        for _ in range(500):  # until every stream is open on D
+            if sum(1 for _, b in engines.calls if b.get("stream")) == 4:
+                break
+            await asyncio.sleep(0.01)
+        streams = d1.streams
+        engines.release.set()
+        answers = await asyncio.gather(*wave)
+    assert all(a.text.endswith("data: [DONE]\n\n") for a in answers)
+    assert streams == 4 and (d1.streams, d1.in_flight) == (0, 0)
+    decode = [d for d in router.routing.recent if d.role == "decode"]
+    assert [d.path for d in decode] == ["local", "pd", "pd", "pd"]
+    # the second sees the local one's stream; the later ones also those of the earlier
+    # ones P computed (the mock P answers at once)
+    assert decode[1].why == "1 streams decoding there > max running 0"
+    assert all(d.why.endswith(" streams decoding there > max running 0") for d in decode[2:])
+    local = [b for _, b in engines.calls if b.get("stream") and b["kv_transfer_params"] is None]
+    assert len(local) == 1  # D prefilled one of the four itself
+
+
 async def test_max_running_lets_a_decode_engine_take_siblings_next_to_streams() -> None:
     engines = LocalEngines()
     router = _router(HeldPrefix(max_running=1), [D1])

@@ -28,6 +28,7 @@ from relaykv.model.kv_layout import DRAFT_LAYER, DraftAttention
 from relaykv.model.layers import AttentionContext, DecoderLayer, RMSNorm
 from relaykv.model.loading.export import layer_state
 from relaykv.model.loading.weight_map import load_layer
+from relaykv.model.packed_linear import Linear
 from relaykv.model.rope import RotaryEmbedding
 from relaykv.model.transformer import materialize
 
@@ -51,7 +52,7 @@ class EagleDraft(nn.Module):
         self.config = config
         self.window = config.window_of(0)
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        self.fc = Linear(2 * h, h, bias=fc_bias)
         self.layer = DecoderLayer(
             config, DRAFT_ROPE_KEY, self.window, layer_key=DRAFT_LAYER, input_norm=input_norm
         )

@@ -5,6 +5,7 @@ Every module works on flattened steps: tokens of all sequences of a step are row
 batch. Attention itself is delegated to the forward context (`ctx.attention`), which
 knows the step's positions, pages and plans; a dense context is used for training the
 tiny draft. Q/K/V and gate/up projections are stored fused (one matmul instead of three).
+The projections are `packed_linear.Linear`s: the runner may prepack their CPU weights.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from relaykv.model.config import ModelConfig
 from relaykv.model.kv_layout import LayerKey
+from relaykv.model.packed_linear import Linear
 from relaykv.model.rope import apply_rotary
 
 
@@ -68,12 +70,12 @@ class SelfAttention(nn.Module):
         self.window = window
         self.layer_key: LayerKey = layer_key  # the context maps it to a (group, index) slot
         d = self.head_dim
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size,
             (self.num_heads + 2 * self.num_kv_heads) * d,
             bias=config.attention_bias,
         )
-        self.o_proj = nn.Linear(self.num_heads * d, config.hidden_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.num_heads * d, config.hidden_size, bias=config.attention_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
@@ -103,8 +105,8 @@ class GatedMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from relaykv.model.eagle import EagleDraft
 from relaykv.model.forward_context import PagedContext
 from relaykv.model.kv_layout import KVLayout, derive_layout
 from relaykv.model.kv_pages import KVPageStore
+from relaykv.model.packed_linear import prepack_linears
 from relaykv.model.sampling import GeneratorSource, token_logprobs
 from relaykv.model.speculative import verify
 from relaykv.model.transformer import CausalLM
@@ -45,6 +46,8 @@ class ModelRunner:
     attend on their own in sub-blocks of `query_block` queries. `kv_buffer`: memory for the
     KV pages that the caller owns (uint8 `[num_blocks, block_bytes]`, e.g. a shared-memory
     segment a KV transport writes into); by default the runner allocates it.
+    `prepack_weights`: keep the projections' CPU weights prepacked as well (`packed_linear`;
+    more memory, faster multi-row steps).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class ModelRunner:
         batch_threshold: int = 32,
         query_block: int = 512,
         kv_buffer: torch.Tensor | None = None,
+        prepack_weights: bool = True,
     ) -> None:
         if num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
@@ -79,6 +83,10 @@ class ModelRunner:
             draft.check_target(model.config)
             draft.to(device=self.device, dtype=self.dtype).eval()
             draft.build_rotaries()
+        if prepack_weights:
+            prepack_linears(model)
+            if draft is not None:
+                prepack_linears(draft)
         self.backend = backend or TorchPagedAttention()
         self.generators = GeneratorSource(self.device, seed)
         self.stats = SpeculativeStats()
