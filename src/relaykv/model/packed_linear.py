@@ -8,8 +8,9 @@ batch of verification windows) that copy costs about as much as the product itse
 frozen CPU graphs), and `forward` multiplies against it (`torch.ops.mkldnn._linear_pointwise`)
 when all of these hold, else it is `F.linear` as before:
 
-* the input has at least `PACKED_MIN_ROWS` rows (a decode step's one or two rows take MKL's
-  matrix-vector path, which is as fast without the pack);
+* the input has at least `PACKED_MIN_ROWS` rows (decode steps of a few sequences keep
+  MKL: with 1-2 rows it is as fast, and a 4-sequence decode step of 8 rows measured no
+  gain from the pack);
 * autograd is off (the packed op has no backward; the tiny draft is trained with `F.linear`);
 * the weight is the tensor that was packed, unchanged since (`_version`): a reloaded or
   trained weight falls back to `F.linear` until `prepack()` runs again.
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACKED_MIN_ROWS = 8
+PACKED_MIN_ROWS = 16
 
 
 def packing_available(device: torch.device) -> bool:
