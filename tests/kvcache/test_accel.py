@@ -347,6 +347,15 @@ def test_a_request_given_its_token_bytes_equals_one_given_its_list() -> None:
         assert given.tokens.tolist() == plain.tokens.tolist() == prompt
         assert given.hashes.hashes == plain.hashes.hashes
         assert [given.keys(g) for g in (0, 1)] == [plain.keys(g) for g in (0, 1)]
+        # ... and stay so as tokens are appended (the bytes are read in place until then)
+        more = _random_tokens(rng, 40)
+        for req in (plain, given):
+            req.keys(0)
+            req.append_tokens(more[:7])
+            req.append_tokens(more[7:])
+        assert given.tokens.tolist() == plain.tokens.tolist() == prompt + more
+        assert given.hashes.hashes == plain.hashes.hashes
+        assert [given.keys(g) for g in (0, 1)] == [plain.keys(g) for g in (0, 1)]
     with pytest.raises(ValueError, match="int32"):
         CacheRequest("r", [1, 2], rules_for(geo), geo.hash_unit, token_bytes=b"\x01" * 4)
 

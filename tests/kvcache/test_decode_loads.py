@@ -4,9 +4,16 @@ many prompt tokens that covers in every full group."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from relaykv.kvcache import CacheRequest, CacheRole, rules_for
-from relaykv.kvcache.decode_loads import reusable_blocks, reused_indices, tokens_local_in
+from relaykv.kvcache import CacheRequest, CacheRole, accel, rules_for
+from relaykv.kvcache.decode_loads import (
+    reusable_blocks,
+    reused_indices,
+    tokens_local_in,
+    units_covered,
+    units_covered_py,
+)
 from relaykv.kvcache.groups import GroupRules
 
 from .conftest import geometry, tokens
@@ -46,7 +53,15 @@ def _tokens_local_by_unit(
     return min(count * unit, n - 1)
 
 
-def test_tokens_local_in_equals_the_unit_by_unit_count() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["accelerator", "numpy"])
+def test_tokens_local_in_equals_the_unit_by_unit_count(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kvcache's count, in C where the accelerator is built and in numpy, against the oracle.
+    if not native:
+        monkeypatch.setattr(accel, "native", None)
+    elif accel.native is None:
+        pytest.skip("C accelerator not built")
     rng = np.random.default_rng(21)
     shapes = [("full:16",), ("full:16", "sliding:16:64"), ("full:16", "full:32", "full:48"),
               ("sliding:16:64", "sliding:32:64"), ("full:32", "sliding:16:32")]
@@ -55,10 +70,9 @@ def test_tokens_local_in_equals_the_unit_by_unit_count() -> None:
         # the hash unit, or one dividing no block (a caller's own unit: 24)
         unit = [16, 8, 24][trial % 3] if trial % 7 else 16
         n = int(rng.integers(0, 400))
-        local = [
-            np.unique(rng.integers(-2, n // r.block_size + 3, int(rng.integers(0, 30))))
-            for r in rules
-        ]
+        # sorted distinct indices, as reused_indices gives them, or in any order with repeats
+        drawn = [rng.integers(-2, n // r.block_size + 3, int(rng.integers(0, 30))) for r in rules]
+        local = [np.unique(d) if trial % 2 else d for d in drawn]
         got = tokens_local_in(rules, unit, local, n)
         assert got == _tokens_local_by_unit(list(rules), unit, local, n), (trial, unit, n)
 
@@ -73,3 +87,18 @@ def test_reusable_blocks_maps_reused_indices_to_the_engine_s_block_ids() -> None
     # The draft group under the EAGLE drop: block 1 lacks its successor, block 4 is last.
     assert reusable_blocks(req, rule, gmap, range(0, 5)) == {0: 11, 3: 14}
     assert reusable_blocks(req, rule, gmap, range(5, 5)) == {}
+
+
+def test_units_covered_refuses_what_it_cannot_count() -> None:
+    for count in (units_covered, units_covered_py):
+        assert count(16, 0, [(16, np.array([0, 1]))]) == 0
+        assert count(16, 3, []) == 3
+    if accel.native is not None:
+        with pytest.raises(ValueError):
+            units_covered(0, 3, [(16, np.array([0]))])
+        with pytest.raises(ValueError):
+            units_covered(16, 3, [(0, np.array([0]))])
+        with pytest.raises(TypeError):
+            accel.native.units_covered(16, 3, [(16,)])
+        with pytest.raises(ValueError, match="whole int64"):
+            accel.native.units_covered(16, 3, [(16, b"\x00" * 9)])

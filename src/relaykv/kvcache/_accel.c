@@ -40,6 +40,13 @@
  *       on one engine slot's bits. 0 <= start, stop <= len(masks), 0 <= slot < 64. The
  *       reference is decode_loads.reused_in_masks_py.
  *
+ *   units_covered(unit, units, groups) -> int
+ *       How many of hash units 0..units-1 (of `unit` tokens) start in a reused block of every
+ *       group: `groups` is a list of (block_size, indices), indices a buffer of native int64
+ *       reused block indices (any order, repeats and indices outside the blocks units start
+ *       in ignored). kvcache's count of locally reused prompt tokens (decode_loads
+ *       .tokens_local_in); the reference is decode_loads.units_covered_py.
+ *
  *   values_u64(mapping, keys) -> bytes
  *       Per key, mapping[key] (a dict of non-negative ints below 2**64) as native uint64, 0
  *       where the key is absent: a router's pass over a prompt's keys in the map of which
@@ -71,6 +78,13 @@
 #define RELAYKV_HAVE_DLOPEN 1
 #define RELAYKV_POSIX 1
 #endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define KM_PREFETCH(p) ((void)(p))
+#endif
+#define INT32_PREFETCH 48 /* items ahead whose int objects int32_bytes prefetches */
 
 /* xxhash's XXH128_hash_t and XXH3_128bits (xxhash.h, stable since 0.8.0). */
 typedef struct {
@@ -262,11 +276,16 @@ int32_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     /* Exact ints of one digit, read straight from the items array: no Python code runs in
-     * this loop, so the sequence cannot change under it. The first other item ends it. */
+     * this loop, so the sequence cannot change under it. The first other item ends it. The
+     * int objects a few dozen items ahead are prefetched (a 64k-token body's ints span
+     * about 2 MB, beyond the core's own caches). */
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t i = 0;
     for (; i < n; i++) {
         int32_t v;
+        if (i + INT32_PREFETCH < n) {
+            KM_PREFETCH(items[i + INT32_PREFETCH]);
+        }
         if (!compact_int(items[i], &v)) {
             break;
         }
@@ -539,11 +558,6 @@ typedef struct {
 
 #ifndef KM_BATCH
 #define KM_BATCH 16
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define KM_PREFETCH(p) __builtin_prefetch(p)
-#else
-#define KM_PREFETCH(p) ((void)(p))
 #endif
 
 static inline int
@@ -1109,6 +1123,115 @@ slot_reused(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     return out;
 }
 
+/* One group of units_covered: unit j is covered when block (j * unit) / block_size is among
+ * `indices`; clears the flags of `cov` (one per unit) of the units it does not cover. 0 with
+ * an exception set on failure. */
+static int
+cover_group(unsigned char *cov, Py_ssize_t unit, Py_ssize_t units, PyObject *group)
+{
+    if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2) {
+        PyErr_SetString(PyExc_TypeError, "units_covered: groups must be (block_size, indices)");
+        return 0;
+    }
+    Py_ssize_t block_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 0));
+    if (block_size == -1 && PyErr_Occurred()) {
+        return 0;
+    }
+    if (block_size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "units_covered: block_size must be > 0");
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(group, 1), &view, PyBUF_SIMPLE) < 0) {
+        return 0;
+    }
+    if (view.len % 8 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "units_covered: indices must be whole int64 values");
+        return 0;
+    }
+    /* the blocks units start in: 0 .. (units - 1) * unit / block_size (no overflow: the
+     * caller checked units * unit) */
+    Py_ssize_t blocks = (units - 1) * unit / block_size + 1;
+    unsigned char *reused = PyMem_Calloc((size_t)blocks, 1);
+    if (reused == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        return 0;
+    }
+    const char *p = (const char *)view.buf;
+    for (Py_ssize_t i = 0; i < view.len / 8; i++) {
+        int64_t k;
+        memcpy(&k, p + 8 * i, 8);
+        if (k >= 0 && k < (int64_t)blocks) {
+            reused[k] = 1;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (block_size == unit) {
+        for (Py_ssize_t j = 0; j < units; j++) {
+            cov[j] &= reused[j];
+        }
+    }
+    else {
+        for (Py_ssize_t j = 0; j < units; j++) {
+            cov[j] &= reused[j * unit / block_size];
+        }
+    }
+    PyMem_Free(reused);
+    return 1;
+}
+
+static PyObject *
+units_covered(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "units_covered(unit, units, groups) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t unit = PyLong_AsSsize_t(args[0]);
+    if (unit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t units = PyLong_AsSsize_t(args[1]);
+    if (units == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (unit <= 0 || units < 0 || units > PY_SSIZE_T_MAX / unit) {
+        PyErr_SetString(PyExc_ValueError, "units_covered: unit must be > 0, units >= 0");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "units_covered: groups must be a list or tuple");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    unsigned char *cov = PyMem_Malloc(units > 0 ? (size_t)units : 1);
+    if (cov == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    memset(cov, 1, (size_t)units);
+    for (Py_ssize_t g = 0; g < n && units > 0; g++) {
+        PyObject *group = PySequence_Fast_GET_ITEM(seq, g);
+        Py_INCREF(group); /* held while its buffer is read */
+        int ok = cover_group(cov, unit, units, group);
+        Py_DECREF(group);
+        if (!ok) {
+            PyMem_Free(cov);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    Py_ssize_t count = 0;
+    for (Py_ssize_t j = 0; j < units; j++) {
+        count += cov[j];
+    }
+    PyMem_Free(cov);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"slot_counts", (PyCFunction)slot_counts, METH_O,
      "slot_counts(masks) -> (held, runs): per engine slot, keys held and the run from key 0"},
@@ -1120,6 +1243,8 @@ static PyMethodDef methods[] = {
      "bind_xxh3(path, digest) -> whether chain calls xxhash's XXH3_128bits directly"},
     {"slot_reused", (PyCFunction)(void (*)(void))slot_reused, METH_FASTCALL,
      "slot_reused(masks, slot, start, stop, peek) -> native int64 bytes of reused indices"},
+    {"units_covered", (PyCFunction)(void (*)(void))units_covered, METH_FASTCALL,
+     "units_covered(unit, units, groups) -> units starting in a reused block of every group"},
     {"values_u64", (PyCFunction)(void (*)(void))values_u64, METH_FASTCALL,
      "values_u64(mapping, keys) -> native uint64 bytes of mapping.get(key, 0) per key"},
     {NULL, NULL, 0, NULL},

@@ -378,19 +378,36 @@ def tokens_local_in(
     units = n // unit
     if units <= 0:
         return 0
+    groups = [(rule.block_size, local[rule.index]) for rule in local_groups(rules)]
+    return min(units_covered(unit, units, groups) * unit, n - 1)
+
+
+def units_covered(unit: int, units: int, groups: Sequence[tuple[int, np.ndarray]]) -> int:
+    """How many of hash units 0..units-1 (of `unit` tokens) start in a reused block of every
+    group of `groups` (block size, reused block indices): `tokens_local_in`'s count, in one C
+    pass where the accelerator is built, else `units_covered_py`."""
+    native = getattr(accel.native, "units_covered", None)  # None: not built, or built before it
+    if native is None:
+        return units_covered_py(unit, units, groups)
+    arrays = [(size, np.ascontiguousarray(indices, dtype=np.int64)) for size, indices in groups]
+    count: int = native(unit, units, arrays)
+    return count
+
+
+def units_covered_py(unit: int, units: int, groups: Sequence[tuple[int, np.ndarray]]) -> int:
+    """`units_covered` in numpy (the reference the C pass is tested against)."""
     covered: np.ndarray | None = None
-    for rule in local_groups(rules):
-        num_blocks = (units - 1) * unit // rule.block_size + 1  # the blocks units start in
+    for block_size, local in groups:
+        num_blocks = (units - 1) * unit // block_size + 1  # the blocks units start in
         reused = np.zeros(num_blocks, dtype=bool)
-        indices = np.asarray(local[rule.index], dtype=np.int64)
+        indices = np.asarray(local, dtype=np.int64)
         reused[indices[(indices >= 0) & (indices < num_blocks)]] = True
-        per_block, rest = divmod(rule.block_size, unit)
+        per_block, rest = divmod(block_size, unit)
         if rest:  # a block of no whole number of units: the block of each unit's start
-            in_units = reused[np.arange(units, dtype=np.int64) * unit // rule.block_size]
+            in_units = reused[np.arange(units, dtype=np.int64) * unit // block_size]
         elif per_block == 1:
             in_units = reused
         else:  # unit j starts in block j // per_block
             in_units = np.repeat(reused, per_block)[:units]
         covered = in_units if covered is None else covered & in_units
-    count = units if covered is None else int(np.count_nonzero(covered))
-    return min(count * unit, n - 1)
+    return units if covered is None else int(np.count_nonzero(covered))

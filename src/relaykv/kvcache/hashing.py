@@ -187,7 +187,11 @@ class PrefixChains:
         # ... then the rest in one chain (one C-driven call, not one per segment), whose
         # full segments are memoised for the prompts that follow.
         first = len(out)
-        out.extend(chain_hashes(data[start:], unit, parent, first_extra if start == 0 else b""))
+        rest = chain_hashes(data[start:], unit, parent, first_extra if start == 0 else b"")
+        if out:
+            out.extend(rest)
+        else:  # nothing found: the chain's own list (no copy of its references)
+            out = rest
         per_seg = self.segment_units
         limit = self.max_segments
         for at in range(start, whole, seg):
@@ -243,7 +247,10 @@ class TokenHashes:
             parent = self.hashes[-1] if self.hashes else None
             extra = self.salt_extra if not self.hashes else b""
             new = chain_hashes(data, self.unit, parent, extra)
-        self.hashes.extend(new)
+        if self.hashes:
+            self.hashes.extend(new)
+        else:  # the first hashing: its list is a new one (no copy of 4,096 references)
+            self.hashes = new
         self._pending = data[len(new) * self.unit * 4 :]
 
     def __len__(self) -> int:

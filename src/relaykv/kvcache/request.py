@@ -78,14 +78,20 @@ class CacheRequest:
         the prompt's little-endian int32 bytes where the caller converted it already
         (`accel.int32_bytes`: the router's intake), hashed as they are."""
         self.request_id = request_id
+        self.tokens: array[int] | memoryview
         if token_bytes is None:
             self.tokens, data = _int32_array(prompt)
         else:
             if len(token_bytes) != 4 * len(prompt):
                 raise ValueError("token_bytes must hold the prompt's ids as int32")
-            self.tokens, data = array("i"), token_bytes
-            self.tokens.frombytes(token_bytes)
-            if not np.little_endian:
+            data = token_bytes
+            if np.little_endian and array("i").itemsize == 4:
+                # Read in place (a router's request: no 256 KB copy for a 64k-token prompt);
+                # `append_tokens` makes it an array first.
+                self.tokens = memoryview(token_bytes).cast("i")
+            else:
+                self.tokens = array("i")
+                self.tokens.frombytes(token_bytes)
                 self.tokens.byteswap()
         self.num_prompt_tokens = len(self.tokens)
         self.role = role
@@ -112,6 +118,10 @@ class CacheRequest:
         return len(self.tokens)
 
     def append_tokens(self, token_ids: Iterable[int]) -> None:
+        if isinstance(self.tokens, memoryview):  # given as bytes: now a growable copy
+            grown = array("i")
+            grown.frombytes(self.tokens.cast("B"))
+            self.tokens = grown
         start = len(self.tokens)
         self.tokens.extend(token_ids)
         self.hashes.extend(self.tokens[start:])
