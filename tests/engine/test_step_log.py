@@ -9,7 +9,7 @@ import itertools
 import time
 
 from relaykv.common.messages.steps import SequenceOutput
-from relaykv.engine.step_log import STEP_LOG_SIZE, StepLog, StepWork, work_kind
+from relaykv.engine.step_log import STEP_LOG_ENTRIES, StepLog, StepWork, work_kind
 
 from .conftest import drain, greedy, make_engine, prompt
 from .test_local_prefill import _decode_scheduler
@@ -69,8 +69,8 @@ def test_a_decode_engine_tells_loads_local_prefill_and_decodes_apart() -> None:
     ]
 
 
-def test_the_log_keeps_the_last_steps() -> None:
-    log = StepLog(size=3)
+def test_the_log_keeps_the_last_steps_up_to_its_entries() -> None:
+    log = StepLog(entries=3)
     for i in range(5):
         log.add(float(i), i + 0.5, [StepWork(f"r{i}", "decode", 1, 2)])
     assert [r.start for r in log.since()] == [2.0, 3.0, 4.0]
@@ -80,4 +80,9 @@ def test_the_log_keeps_the_last_steps() -> None:
         "end": 2.5,
         "work": [{"request_id": "r2", "kind": "decode", "tokens": 1, "draft_tokens": 2}],
     }
-    assert STEP_LOG_SIZE >= 4096
+    # a batch of two entries pushes out two steps of one; a batch above the limit stays alone
+    log.add(5.0, 5.5, [StepWork("a", "decode", 1, 0), StepWork("b", "load", 1, 0)])
+    assert [r.start for r in log.since()] == [4.0, 5.0]
+    log.add(6.0, 6.5, [StepWork(f"x{i}", "prefill", 8, 0) for i in range(4)])
+    assert [r.start for r in log.since()] == [6.0]
+    assert STEP_LOG_ENTRIES >= 8192 * 8

@@ -12,7 +12,9 @@ in the batch, its request id, what the step did for it and how many tokens it fe
 * `decode`: output tokens (and the draft's proposals, `draft_tokens`).
 
 The engine thread appends; readers take a snapshot under a lock. The log keeps the last
-`STEP_LOG_SIZE` steps, a few minutes of a busy engine on a CPU.
+steps whose batches hold at most `STEP_LOG_ENTRIES` sequence entries in all (a few MB: 8,192
+steps of 8 sequences, a few minutes of a busy engine on a CPU; fewer steps of larger
+batches).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
-STEP_LOG_SIZE = 8192
+STEP_LOG_ENTRIES = 65_536
 
 
 class StepWork(NamedTuple):
@@ -56,14 +58,19 @@ def work_kind(start_position: int, num_prompt_tokens: int, delivered: bool) -> s
 
 
 class StepLog:
-    def __init__(self, size: int = STEP_LOG_SIZE) -> None:
-        self._records: deque[StepRecord] = deque(maxlen=size)
+    def __init__(self, entries: int = STEP_LOG_ENTRIES) -> None:
+        self._records: deque[StepRecord] = deque()
+        self._entries = 0  # sequence entries of the kept records
+        self._limit = entries
         self._lock = threading.Lock()
 
     def add(self, start: float, end: float, work: Sequence[StepWork]) -> None:
         record = StepRecord(start, end, tuple(work))
         with self._lock:
             self._records.append(record)
+            self._entries += len(record.work)
+            while self._entries > self._limit and len(self._records) > 1:
+                self._entries -= len(self._records.popleft().work)
 
     def since(self, t: float = float("-inf")) -> list[StepRecord]:
         """The kept steps that ended at or after `t`, oldest first."""

@@ -122,7 +122,7 @@ def test_interleaved_runs_share_the_same_minutes_and_give_the_same_counts(
     # ... and each engine's steps since the run's first measured request (the stub logs a
     # step per token: 4 requests x 4 tokens, the warmup's left out), on the same clock
     for d in detailed:
-        ((url, steps),) = d["engine_steps"]["decode"].items()
+        ((_url, steps),) = d["engine_steps"]["decode"].items()
         assert [w["kind"] for s in steps for w in s["work"]].count("prefill") == 4
         assert len(steps) == 16 and min(s["start"] for s in steps) >= min(d["start_times"])
     # one front end per run is not supported interleaved: refused before anything starts
