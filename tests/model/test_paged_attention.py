@@ -108,3 +108,37 @@ def test_plan_rejects_null_and_missing_blocks():
         build_group_plan([QueryRun("r", 0, 1, 4, [1, 0])], 4, window=None)  # write into null
     with pytest.raises(ValueError, match="block table has"):
         build_group_plan([QueryRun("r", 0, 5, 8, [1, 2, 3])], 4, window=None)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_layers_of_a_group_share_a_plan_with_their_own_head_shapes(kv_heads):
+    """One plan serves every layer of its group: the additive masks the backend derives from
+    it (rows repeated per query head) are kept per head group and dtype, never mixed up."""
+    b, window, dim = 4, 16, 8
+    seqs = [(37, 20), (50, 1), (9, 3)]  # a masked chunk and two batched runs
+    runs, row, next_block = [], 0, 1
+    for i, (past, new) in enumerate(seqs):
+        n = cdiv(past + new, b)
+        runs.append(QueryRun(f"s{i}", row, new, past, list(range(next_block, next_block + n))))
+        row, next_block = row + new, next_block + n
+    plan = build_group_plan(runs, b, window, batch_threshold=3, query_block=512)
+    assert plan.chunks[0].mask is not None and len(plan.batched) == 2
+    backend = TorchPagedAttention()
+    torch.manual_seed(0)
+    for group, dtype in [(4, torch.float32), (2, torch.float32), (4, torch.float64)] * 2:
+        heads = kv_heads * group
+        k_pages = torch.randn(next_block, b, kv_heads, dim, dtype=dtype)
+        v_pages = torch.randn(next_block, b, kv_heads, dim, dtype=dtype)
+        q = torch.randn(row, heads, dim, dtype=dtype)
+        out = backend.attend(plan, q, k_pages, v_pages, 0.3)
+        for run in runs:
+            end = run.start_position + run.num_tokens
+            slots = [(run.block_table[p // b], p % b) for p in range(end)]
+            keys = torch.stack([k_pages[blk, off] for blk, off in slots]).float()
+            values = torch.stack([v_pages[blk, off] for blk, off in slots]).float()
+            rows = slice(run.row_start, run.row_start + run.num_tokens)
+            positions = range(run.start_position, end)
+            ref = reference(q[rows].float(), keys, values, positions, window, 0.3)
+            torch.testing.assert_close(out[rows].float(), ref, atol=1e-4, rtol=1e-4)
+    for entry in [*plan.chunks, *plan.batched]:  # built by the first layer of each shape
+        assert len(entry.derived) == 3

@@ -21,7 +21,7 @@ positions below a sliding window may be null. Violations are engine bugs and rai
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,6 +50,9 @@ class ChunkPlan:
     # first `m` keys (queries start at position 0 and no window cuts in), which lets SDPA
     # use its causal kernel and skip the masked half.
     mask: torch.Tensor | None
+    # tensors a backend derives from `mask` (e.g. an additive mask with rows per query
+    # head), built by the group's first layer and reused by the others
+    derived: dict[object, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -63,6 +66,7 @@ class BatchedPlan:
     first_row: int  # the first row when contiguous
     block_ids: torch.Tensor  # [S, NB] (padding pages are the null block, masked out)
     mask: torch.Tensor  # [S, 1, Qmax, NB * block_size] bool
+    derived: dict[object, torch.Tensor] = field(default_factory=dict)  # as `ChunkPlan.derived`
 
 
 @dataclass(slots=True)
