@@ -23,6 +23,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ class EngineState:
     inflight: int = 0
     max_inflight: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    steps: list[dict] = field(default_factory=list)  # `GET /steps`: one per token written
 
     def __post_init__(self) -> None:
         def counter(name: str) -> Counter:
@@ -93,6 +95,11 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(state.registry), content_type="text/plain")
+
+    async def steps(request: web.Request) -> web.Response:
+        since = float(request.query.get("since", "-inf"))
+        kept = [s for s in state.steps if s["end"] >= since]
+        return web.json_response({"now": time.perf_counter(), "steps": kept})
 
     async def cluster_info(_: web.Request) -> web.Response:
         return web.json_response(cluster())
@@ -151,7 +158,11 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
                 if chat
                 else {"index": 0, "text": f"t{i} "}
             )
+            start = time.perf_counter()
             await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            kind = "decode" if i else "prefill"
+            work = {"request_id": f"stub-{n}", "kind": kind, "tokens": 1, "draft_tokens": 0}
+            state.steps.append({"start": start, "end": time.perf_counter(), "work": [work]})
             await asyncio.sleep(state.token_delay_s)
         usage = {
             "prompt_tokens": len(ids),
@@ -169,6 +180,7 @@ def make_app(state: EngineState, cluster: Callable[[], dict]) -> web.Application
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/steps", steps)
     app.router.add_get("/cluster", cluster_info)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)

@@ -1,4 +1,5 @@
-"""relaykv.engine: requests, scheduling, the step loop and its async front (no model imports)."""
+"""relaykv.engine: requests, scheduling, the step loop (and its log) and its async front (no model
+imports)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from relaykv.engine.detokenizer import Tokenizer, detokenize_new, find_stop
 from relaykv.engine.executor import Executor
 from relaykv.engine.metrics import EngineMetrics
 from relaykv.engine.request import FinishReason, Request, RequestOutput
-from relaykv.engine.scheduler import Scheduler, SchedulerConfig
+from relaykv.engine.scheduler import ScheduledSequence, Scheduler, SchedulerConfig
+from relaykv.engine.step_log import StepLog, StepWork, work_kind
 from relaykv.kvcache import (
     DEFAULT_PD_POLICY,
     CacheSizing,
@@ -88,6 +89,7 @@ class LLMEngine:
             tier_interval=config.kv_offloading_interval,
         )
         self.metrics = EngineMetrics(config.scheduler.max_model_len)
+        self.steps = StepLog()  # the recent steps' times and batches (`GET /steps`)
         self.scheduler = Scheduler(
             sched, self.manager, k, connector, self.eos_token_ids, metrics=self.metrics
         )
@@ -220,7 +222,9 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         now = time.monotonic()
         if scheduled:
+            start = time.perf_counter()
             result = self.executor.execute(StepBatch([s.work for s in scheduled]))
+            self.steps.add(start, time.perf_counter(), [_step_work(s) for s in scheduled])
             self.metrics.num_steps += 1
             self.metrics.iteration_tokens.observe(
                 sum(len(s.work.token_ids) + len(s.work.draft_token_ids) for s in scheduled)
@@ -331,3 +335,9 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         return reqs
+
+
+def _step_work(s: ScheduledSequence) -> StepWork:
+    req, work = s.request, s.work
+    kind = work_kind(work.start_position, req.num_prompt_tokens, req.is_remote_prefill)
+    return StepWork(req.request_id, kind, len(work.token_ids), len(work.draft_token_ids))

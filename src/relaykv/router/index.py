@@ -328,7 +328,15 @@ class EngineIndex:
         if self.role == "prefill":
             cap = min(cap, self._prefill_cap(req, reach=False))
         bound = cap
-        tiered = self.tier.num_blocks > 0
+        slot = self.slot
+        tiered = any(self.tier.maps)  # a KV tier holds blocks
+        if counts is not None and slot is not None and not tiered:
+            # The exact runs, from the role's shared holders pass (a run ends within the
+            # prompt's keys, so it needs no cap at their count).
+            for rule in full:
+                run = counts(rule.index).run(slot, cap // rule.block_size + rule.peek)
+                bound = min(bound, rule.hit_from_matched(run, cap))
+            return max(0, bound)
         keyed = TieredKeys(self, self.tier) if tiered else self
         matched = None if tiered else self._matched(counts)
         for rule in full:

@@ -150,9 +150,6 @@ class CacheAwarePolicy(_Turns):
         super().__init__()
         self.weights = weights or CacheAwareWeights()
 
-    def load(self, c: Candidate) -> float:
-        return c.in_flight + self.weights.queue_weight * c.waiting
-
     def choose(self, candidates: Sequence[Candidate]) -> int:
         return self.choose_lazy(candidates, lambda i: candidates[i].hit_tokens)
 
@@ -162,7 +159,8 @@ class CacheAwarePolicy(_Turns):
         while a bound can still reach the best exact score, so the choice (ties included)
         is the one `choose` makes on exact hits."""
         w = self.weights
-        loads = [self.load(c) for c in candidates]
+        qw = w.queue_weight  # an engine's load: in flight here + queue_weight * waiting
+        loads = [c.in_flight + qw * c.waiting for c in candidates]
         # The mean counts the new request; below one request per engine it counts as one, so
         # a nearly idle cluster still lets a request join the engine holding its prefix.
         mean_after = max(1.0, (sum(loads) + 1) / len(loads))

@@ -135,7 +135,8 @@ class Routing:
         t = self.engines.tracker(backend)
         index = t.scored_index if prompt is not None else None
         computing = 0
-        if prompt is not None and index is not None:
+        # Only prefixes in flight there give a resume point: the cap is asked for then.
+        if prompt is not None and index is not None and self.in_flight.count(backend.url):
             cap = index.resume_cap(prompt.request_for(index))
             computing = self.in_flight.hit(backend.url, prompt, index, cap)
         return EngineView(index, backend.in_flight, t.waiting, t.kv_usage, computing)

@@ -13,10 +13,11 @@ full-group runs from one pass over the prompt's keys there (`Prompt.counts_for`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from relaykv.router.holders import PromptCounts
 from relaykv.router.index import EngineIndex
 from relaykv.router.policy import CacheAwarePolicy, Candidate, RoutingPolicy
 from relaykv.router.prompt import Prompt
@@ -56,31 +57,27 @@ def choose_engine(
     """Score `prompt` on every view and let `policy` choose (`views` is not empty)."""
     if prompt is not None:
         prompt.recount()  # events since an earlier decision (a retry) change the holders
+    n = len(prompt.tokens) if prompt is not None else 0
+    counts: list[Callable[[int], PromptCounts] | None] = [None] * len(views)
     candidates = []
-    for view in views:
-        bound = 0
-        if prompt is not None and view.index is not None:
-            index = view.index
-            bound = max(
-                index.hit_bound(prompt.request_for(index), prompt.counts_for(index)),
-                view.computing,
-            )
+    for i, view in enumerate(views):
+        index = view.index
+        bound, blocks = 0, 0
+        if index is not None:
+            blocks = index.num_blocks
+            if prompt is not None:
+                found = counts[i] = prompt.counts_for(index)
+                bound = max(index.hit_bound(prompt.request_for(index), found), view.computing)
+        # positional: hit_tokens, prompt_tokens, in_flight, waiting, kv_usage, cached_blocks
         candidates.append(
-            Candidate(
-                hit_tokens=bound,
-                prompt_tokens=len(prompt.tokens) if prompt is not None else 0,
-                in_flight=view.in_flight,
-                waiting=view.waiting,
-                kv_usage=view.kv_usage,
-                cached_blocks=view.index.num_blocks if view.index is not None else 0,
-            )
+            Candidate(bound, n, view.in_flight, view.waiting, view.kv_usage, blocks)
         )
     exact: dict[int, int] = {}
 
     def exact_hit(i: int) -> int:
         index = views[i].index
         assert prompt is not None and index is not None
-        hit = index.usable_hit(prompt.request_for(index), prompt.counts_for(index))
+        hit = index.usable_hit(prompt.request_for(index), counts[i])
         exact[i] = max(hit, views[i].computing)
         return exact[i]
 

@@ -58,8 +58,9 @@ def test_aba_writes_tables_plots_and_results(
     ]
     assert runs[1]["command"].endswith("--json --pd-policy per-group")
     assert sorted(p.name for p in (tmp_path / "results").iterdir())[0] == "A1-c1_output1.json"
-    # per-request arrays only with --save-detailed
-    assert "itls" not in json.loads((tmp_path / "results" / "A1-c1_output1.json").read_text())
+    # per-request arrays and the engines' steps only with --save-detailed
+    plain = json.loads((tmp_path / "results" / "A1-c1_output1.json").read_text())
+    assert "itls" not in plain and "engine_steps" not in plain
 
     table = json.loads((tmp_path / "ab_table.json").read_text())
     rows = {(r["group"], r["metric"]): r for r in table["rows"]}
@@ -118,6 +119,12 @@ def test_interleaved_runs_share_the_same_minutes_and_give_the_same_counts(
     first_waves = [t for d in detailed for t in d["start_times"][:2]]
     second_waves = [t for d in detailed for t in d["start_times"][2:]]
     assert max(first_waves) < min(second_waves)
+    # ... and each engine's steps since the run's first measured request (the stub logs a
+    # step per token: 4 requests x 4 tokens, the warmup's left out), on the same clock
+    for d in detailed:
+        ((_url, steps),) = d["engine_steps"]["decode"].items()
+        assert [w["kind"] for s in steps for w in s["work"]].count("prefill") == 4
+        assert len(steps) == 16 and min(s["start"] for s in steps) >= min(d["start_times"])
     # one front end per run is not supported interleaved: refused before anything starts
     assert ab(tmp_path / "front", "--interleave", "--front-cmd", "x --port {port}") == 2
     assert "--interleave does not take --front-cmd" in capsys.readouterr().err

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import aiohttp
+
 from relaykv.bench.ab.host_cpu import CpuTimes, cpu_shares, read_cpu_times, summed_interval
 from relaykv.bench.client import ApiTarget
 from relaykv.bench.engine_counters import ClusterUrls, Counters, counter_deltas, scrape_counters
@@ -74,7 +76,8 @@ class Workload:
     num_warmups: int = 1
     seed: int = 0
     percentiles: tuple[float, ...] = (99.0,)
-    detailed: bool = False  # per-request arrays in each result (`--save-detailed`)
+    # per-request arrays and the engines' steps in each result (`--save-detailed`)
+    detailed: bool = False
 
 
 @dataclass(slots=True)
@@ -148,6 +151,29 @@ async def _warm_up(
         )
 
 
+async def engine_steps(
+    cluster: ClusterUrls, since: float, log: Callable[[str], None]
+) -> dict[str, dict[str, list[Any]]]:
+    """Per role and engine URL, the engine's steps that ended at or after `since` (`GET
+    /steps`, docs/serving.md: times on the engine host's `time.perf_counter()`, the clock
+    the client stamps requests with, so on one host a request's gaps line up with the
+    steps that ran meanwhile). An engine without the endpoint is left out, with a warning."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        for role, urls in (("prefill", cluster.prefill), ("decode", cluster.decode)):
+            for url in urls:
+                try:
+                    async with session.get(f"{url}/steps", params={"since": repr(since)}) as r:
+                        if r.status != 200:
+                            raise ServerError(f"answered {r.status}")
+                        steps = (await r.json())["steps"]
+                except (aiohttp.ClientError, ServerError, ValueError, KeyError, TypeError) as exc:
+                    log(f"warning: cannot read {url}/steps: {exc}")
+                    continue
+                out.setdefault(role, {})[url] = steps
+    return out
+
+
 def _group_result(
     workload: Workload,
     group: GroupSpec,
@@ -156,6 +182,7 @@ def _group_result(
     duration_s: float,
     counters: dict[str, Counters],
     host: dict[str, float] | None,
+    steps: dict[str, dict[str, list[Any]]] | None = None,
 ) -> GroupResult:
     metrics = compute_metrics(outcomes, duration_s, workload.percentiles)
     description = RunDescription(
@@ -168,11 +195,12 @@ def _group_result(
         label=group.label,
         percentile_metrics=("ttft", "tpot", "itl", "e2el"),
     )
+    result = build_result(description, metrics, duration_s, outcomes, detailed=workload.detailed)
+    if steps is not None:
+        result["engine_steps"] = steps
     return GroupResult(
         group=group.label,
-        result=build_result(
-            description, metrics, duration_s, outcomes, detailed=workload.detailed
-        ),
+        result=result,
         ttfts_ms=[o.ttft * 1000 for o in outcomes if o.success],
         counters=counters,
         errors=[o.error for o in outcomes if not o.success][:10],
@@ -201,7 +229,22 @@ async def run_group(
     host = cpu_shares(cpu_before, read_cpu_times())
     after = await _counters(cluster, log)
     counters = _deltas(before, after)
-    return _group_result(workload, group, target, run.outcomes, run.duration_s, counters, host)
+    steps = await _measured_steps(workload, cluster, run.outcomes, log)
+    return _group_result(
+        workload, group, target, run.outcomes, run.duration_s, counters, host, steps
+    )
+
+
+async def _measured_steps(
+    workload: Workload,
+    cluster: ClusterUrls,
+    outcomes: list[RequestOutcome],
+    log: Callable[[str], None],
+) -> dict[str, dict[str, list[Any]]] | None:
+    """With `--save-detailed`: the engines' steps since the first measured request."""
+    if not workload.detailed or not outcomes:
+        return None
+    return await engine_steps(cluster, min(o.start_time for o in outcomes), log)
 
 
 async def run_group_interleaved(
@@ -245,8 +288,11 @@ async def run_group_interleaved(
     for i in range(n):
         counters = _deltas(before[i], await _counters(clusters[i], log))
         host = cpu_shares(*summed_interval(cpu[i])) if cpu[i] else None
+        steps = await _measured_steps(workload, clusters[i], outcomes[i], log)
         results.append(
-            _group_result(workload, group, targets[i], outcomes[i], durations[i], counters, host)
+            _group_result(
+                workload, group, targets[i], outcomes[i], durations[i], counters, host, steps
+            )
         )
     return results
 

@@ -2,12 +2,15 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
 `GET /v1/models/{id}` (404 `model_not_found` for another id), `GET /health`, `GET /metrics`,
-and for production routers vLLM's `POST /tokenize`,
+`GET /steps` (the engine's recent steps, `engine/step_log.py`; `?since=T` keeps those that
+ended at or after T on the engine's `time.perf_counter()`, which `now` gives), and for
+production routers vLLM's `POST /tokenize`,
 `/detokenize`, `/v1/completions/render`, `/v1/chat/completions/render` (`vllm_compat`) and
 `GET /get_load`, `/health_generate` (`router_probes`). The gate (a plain ASGI middleware, so
 streams and disconnects pass through untouched) answers every `/v1/...` request (and
 `/tokenize`, `/detokenize`) with 401 when an API key is set and the request's
-`Authorization: Bearer` does not match, and with 503 while the server drains; `/health` and
+`Authorization: Bearer` does not match (`/steps` too: it lists the requests served), and
+with 503 while the server drains; `/health` and
 `/health_generate` turn 503 when draining, `/metrics` and `/get_load` always answer.
 
 P/D (docs/pd.md): nothing P/D-specific lives here; `kv_transfer_params` already flows from the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,7 +46,7 @@ log = logging.getLogger("relaykv.serve")
 
 # Outside /v1, the tokenizer routes are gated too (router_probes.py: why not the probes).
 def _gated(path: str) -> bool:
-    return path.startswith("/v1") or path in vllm_compat.GATED_PATHS
+    return path.startswith("/v1") or path in vllm_compat.GATED_PATHS or path == "/steps"
 
 
 class AccessGate:
@@ -125,6 +129,13 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/steps")
+    async def steps(since: float = float("-inf")) -> Response:
+        records = served.engine.steps.since(since)
+        return JSONResponse(
+            {"now": time.perf_counter(), "steps": [r.as_json() for r in records]}
+        )
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
