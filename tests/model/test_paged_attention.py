@@ -17,6 +17,7 @@ import torch
 
 from relaykv.kvcache.geometry import cdiv
 from relaykv.model.attention import QueryRun, TorchPagedAttention, build_group_plan
+from relaykv.model.attention import backend as backend_module
 
 
 def reference(q, keys, values, positions, window, scale):
@@ -47,8 +48,13 @@ def _case(seed: int):
     return b, window, kv_heads, group, dim, seqs, rng
 
 
+# both masked paths: SDPA (0) and matmuls + softmax (every score matrix of these cases)
+PATHS = [0, 1 << 22]
+
+
+@pytest.mark.parametrize("matmul_elements", PATHS)
 @pytest.mark.parametrize("seed", range(40))
-def test_paged_equals_dense(seed):
+def test_paged_equals_dense(seed, matmul_elements):
     b, window, kv_heads, group, dim, seqs, rng = _case(seed)
     heads = kv_heads * group
     torch.manual_seed(seed)
@@ -82,7 +88,7 @@ def test_paged_equals_dense(seed):
     plan = build_group_plan(
         runs, b, window, batch_threshold=rng.choice([1, 3, 8]), query_block=rng.choice([4, 7, 512])
     )
-    backend = TorchPagedAttention()
+    backend = TorchPagedAttention(matmul_elements)
     backend.write_kv(plan, torch.cat(k_new), torch.cat(v_new), k_pages, v_pages)
     for run, (keys, values) in zip(runs, histories, strict=True):
         for p in range(run.start_position, run.start_position + run.num_tokens):
@@ -110,10 +116,21 @@ def test_plan_rejects_null_and_missing_blocks():
         build_group_plan([QueryRun("r", 0, 5, 8, [1, 2, 3])], 4, window=None)
 
 
+@pytest.mark.parametrize("matmul_elements", PATHS)
 @pytest.mark.parametrize("kv_heads", [1, 2])
-def test_layers_of_a_group_share_a_plan_with_their_own_head_shapes(kv_heads):
+def test_layers_of_a_group_share_a_plan_with_their_own_head_shapes(
+    kv_heads, matmul_elements, monkeypatch
+):
     """One plan serves every layer of its group: the additive masks the backend derives from
     it (rows repeated per query head) are kept per head group and dtype, never mixed up."""
+    sdpa_calls = []
+    sdpa = backend_module.F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        sdpa_calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(backend_module.F, "scaled_dot_product_attention", counted)
     b, window, dim = 4, 16, 8
     seqs = [(37, 20), (50, 1), (9, 3)]  # a masked chunk and two batched runs
     runs, row, next_block = [], 0, 1
@@ -123,14 +140,19 @@ def test_layers_of_a_group_share_a_plan_with_their_own_head_shapes(kv_heads):
         row, next_block = row + new, next_block + n
     plan = build_group_plan(runs, b, window, batch_threshold=3, query_block=512)
     assert plan.chunks[0].mask is not None and len(plan.batched) == 2
-    backend = TorchPagedAttention()
+    backend = TorchPagedAttention(matmul_elements)
     torch.manual_seed(0)
-    for group, dtype in [(4, torch.float32), (2, torch.float32), (4, torch.float64)] * 2:
+    shapes = [(4, torch.float32), (2, torch.float32), (4, torch.float64), (4, torch.bfloat16)]
+    for group, dtype in shapes * 2:
         heads = kv_heads * group
         k_pages = torch.randn(next_block, b, kv_heads, dim, dtype=dtype)
         v_pages = torch.randn(next_block, b, kv_heads, dim, dtype=dtype)
         q = torch.randn(row, heads, dim, dtype=dtype)
+        sdpa_calls.clear()
         out = backend.attend(plan, q, k_pages, v_pages, 0.3)
+        # batched runs always use SDPA; the small masked chunk only when told to or in bf16
+        chunk_sdpa = matmul_elements == 0 or dtype == torch.bfloat16
+        assert len(sdpa_calls) == len(plan.batched) + chunk_sdpa
         for run in runs:
             end = run.start_position + run.num_tokens
             slots = [(run.block_table[p // b], p % b) for p in range(end)]
@@ -139,6 +161,7 @@ def test_layers_of_a_group_share_a_plan_with_their_own_head_shapes(kv_heads):
             rows = slice(run.row_start, run.row_start + run.num_tokens)
             positions = range(run.start_position, end)
             ref = reference(q[rows].float(), keys, values, positions, window, 0.3)
-            torch.testing.assert_close(out[rows].float(), ref, atol=1e-4, rtol=1e-4)
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+            torch.testing.assert_close(out[rows].float(), ref, atol=tol, rtol=tol)
     for entry in [*plan.chunks, *plan.batched]:  # built by the first layer of each shape
-        assert len(entry.derived) == 3
+        assert len(entry.derived) == 4

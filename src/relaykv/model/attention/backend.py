@@ -53,13 +53,15 @@ class AttentionBackend(ABC):
 class TorchPagedAttention(AttentionBackend):
     """SDPA over gathered pages with explicit masks (see `attention.plan`).
 
-    Masked calls fold a KV head's query heads into query rows: `[.., kv_heads, group * m,
-    d]` against `[.., kv_heads, N, d]`, one plain attention per KV head instead of SDPA's
-    `enable_gqa` (which attends each query head on its own and so reads every key once per
-    query head), with an additive mask (0 / -inf, rows repeated per query head) derived from
-    the plan's boolean one once per step and kept on the plan for the group's other layers.
-    Pages are gathered with `index_select` (one contiguous copy; advanced indexing is ~3x
-    slower on CPU)."""
+    Pages are gathered with `index_select`. A masked call folds each KV head's query heads
+    into query rows (`[.., kv_heads, group * m, d]`) with an additive mask that the group's
+    first layer derives from the plan's boolean one (`_folded_mask`, kept on the plan). A
+    float32/64 chunk runs as two matmuls and a softmax when its score matrix has at most
+    `matmul_elements` entries (0: never), else as SDPA; batched runs always use SDPA.
+    Why: docs/model.md, "Paged attention"."""
+
+    def __init__(self, matmul_elements: int = 1 << 22) -> None:
+        self.matmul_elements = matmul_elements
 
     def write_kv(
         self,
@@ -104,12 +106,12 @@ class TorchPagedAttention(AttentionBackend):
                 continue
             # [m, heads, d] -> [1, kvh, group * m, d], row j * m + i = token i, head kvh * group + j
             query = rows.reshape(m, kv_heads, group, d).permute(1, 2, 0, 3)
-            result = F.scaled_dot_product_attention(
+            result = self._masked(
                 query.reshape(1, kv_heads, group * m, d),
                 keys,
                 values,
-                attn_mask=_folded_mask(chunk.derived, chunk.mask, group, q.dtype),
-                scale=scale,
+                _folded_mask(chunk.derived, chunk.mask, group, q.dtype),
+                scale,
             )
             out[chunk.row_start : chunk.row_end] = (
                 result.view(kv_heads, group, m, d).permute(2, 0, 1, 3).reshape(m, heads, d)
@@ -138,6 +140,28 @@ class TorchPagedAttention(AttentionBackend):
             else:
                 out[batched.valid_rows] = result[batched.valid]
         return out
+
+    def _masked(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        bias: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of `query` `[1, kvh, R, d]` over `keys`/`values` `[1, kvh, N, d]` with
+        the additive `bias` `[R, N]`."""
+        entries = query.shape[1] * query.shape[2] * keys.shape[2]
+        # half precision keeps SDPA, which accumulates the softmax in float32
+        if entries > self.matmul_elements or query.dtype not in _WIDE:
+            return F.scaled_dot_product_attention(query, keys, values, attn_mask=bias, scale=scale)
+        scores = torch.matmul(query * scale, keys.transpose(-1, -2))
+        scores.add_(bias)
+        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        return torch.matmul(scores, values).div_(scores.sum(dim=-1, keepdim=True))
+
+
+_WIDE = (torch.float32, torch.float64)
 
 
 def _gather(pages: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
