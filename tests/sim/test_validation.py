@@ -3,12 +3,15 @@ real `relaykv up` cluster (tiny-hybrid, shm) and in the simulator, at `relaykv u
 defaults (no draft, the default torch threads) and with the shipped EAGLE draft at k=2.
 
 Acceptance (docs/simulator.md "Validation against real runs"): mean TTFT, mean TPOT and
-output throughput within 35 %, D's local hit tokens within 5 %. The calibration is made
-here, on the machine that runs the test (a calibration file describes one machine), and
-is not fitted on this workload. Timing on a machine shared with other jobs is noisy: when
-a first calibration and comparison are out of tolerance, two more pairs run and each
-metric's median error over the three is what is checked (a wrong cost model is off in
-every run, noise is not).
+output throughput within 35 %, the prompt tokens D did not compute (its local hits plus the
+KV it received) within 5 %. Which of the two a sibling's prefix counts as is a race (its
+group's load still in flight on D, shared, or already settled, reused), which the
+simulator's times decide only within their own tolerance; what D computed is not. The
+calibration is made here, on the machine that runs the test (a calibration file describes
+one machine), and is not fitted on this workload. Timing on a machine shared with other jobs
+is noisy: when a first calibration and comparison are out of tolerance, two more pairs run
+and each metric's median error over the three is what is checked (a wrong cost model is off
+in every run, noise is not).
 The same comparison at bigger sizes is `benchmarks/sim_validate.py`.
 """
 
@@ -24,7 +27,18 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 TIMING = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
-TOLERANCE = {**dict.fromkeys(TIMING, 0.35), "d_local_hit_tokens": 0.05}
+REUSED = "d_reused_tokens"  # D's local hit tokens + the tokens it received
+TOLERANCE = {**dict.fromkeys(TIMING, 0.35), REUSED: 0.05}
+
+
+def _errors(result: dict) -> dict[str, float]:
+    errors = {key: result["rows"][key]["error"] for key in TIMING}
+    real, sim = (
+        result[side]["d_local_hit_tokens"] + result[side]["d_external_hit_tokens"]
+        for side in ("real", "sim")
+    )
+    errors[REUSED] = sim / real - 1 if real else float(sim != 0)
+    return errors
 
 
 def threads() -> int:
@@ -69,8 +83,7 @@ def test_simulator_predicts_a_real_run(tmp_path, k: int) -> None:
         }
         assert (calibration["acceptance_rate"] > 0) == (k > 0)
         hardware.write_text(json.dumps(calibration))
-        rows = compare(workload, str(hardware), tmp_path / f"run{attempt}", k=k)["rows"]
-        runs.append({key: row["error"] for key, row in rows.items()})
+        runs.append(_errors(compare(workload, str(hardware), tmp_path / f"run{attempt}", k=k)))
         if attempt == 0 and not _out_of_tolerance(runs[0]):
             break
     median = {key: statistics.median(r[key] for r in runs) for key in TOLERANCE}
