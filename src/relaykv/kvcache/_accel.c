@@ -428,6 +428,14 @@ bind_xxh3(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 #endif
 }
 
+/* An integer argument as Py_ssize_t: 0 with the exception set when it is not one. */
+static int
+as_ssize(PyObject *obj, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(obj);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
 static PyObject *
 chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -442,8 +450,8 @@ chain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
                         "chain: parent and first_extra must be bytes, digest callable");
         return NULL;
     }
-    Py_ssize_t step = PyLong_AsSsize_t(args[1]);
-    if (step == -1 && PyErr_Occurred()) {
+    Py_ssize_t step;
+    if (!as_ssize(args[1], &step)) {
         return NULL;
     }
     if (step <= 0) {
@@ -1056,16 +1064,16 @@ slot_reused(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
                         "slot_reused(masks, slot, start, stop, peek) takes 5 arguments");
         return NULL;
     }
-    Py_ssize_t slot = PyLong_AsSsize_t(args[1]);
-    if (slot == -1 && PyErr_Occurred()) {
+    Py_ssize_t slot;
+    if (!as_ssize(args[1], &slot)) {
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
-    if (start == -1 && PyErr_Occurred()) {
+    Py_ssize_t start;
+    if (!as_ssize(args[2], &start)) {
         return NULL;
     }
-    Py_ssize_t stop = PyLong_AsSsize_t(args[3]);
-    if (stop == -1 && PyErr_Occurred()) {
+    Py_ssize_t stop;
+    if (!as_ssize(args[3], &stop)) {
         return NULL;
     }
     int peek = PyObject_IsTrue(args[4]);
@@ -1133,8 +1141,8 @@ cover_group(unsigned char *cov, Py_ssize_t unit, Py_ssize_t units, PyObject *gro
         PyErr_SetString(PyExc_TypeError, "units_covered: groups must be (block_size, indices)");
         return 0;
     }
-    Py_ssize_t block_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 0));
-    if (block_size == -1 && PyErr_Occurred()) {
+    Py_ssize_t block_size;
+    if (!as_ssize(PyTuple_GET_ITEM(group, 0), &block_size)) {
         return 0;
     }
     if (block_size <= 0) {
@@ -1189,12 +1197,12 @@ units_covered(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "units_covered(unit, units, groups) takes 3 arguments");
         return NULL;
     }
-    Py_ssize_t unit = PyLong_AsSsize_t(args[0]);
-    if (unit == -1 && PyErr_Occurred()) {
+    Py_ssize_t unit;
+    if (!as_ssize(args[0], &unit)) {
         return NULL;
     }
-    Py_ssize_t units = PyLong_AsSsize_t(args[1]);
-    if (units == -1 && PyErr_Occurred()) {
+    Py_ssize_t units;
+    if (!as_ssize(args[1], &units)) {
         return NULL;
     }
     if (unit <= 0 || units < 0 || units > PY_SSIZE_T_MAX / unit) {
