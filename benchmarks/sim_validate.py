@@ -1,7 +1,8 @@
 """Predicted vs measured: `relaykv sim` against a real `relaykv up` + `relaykv bench serve`.
 
-For each workload: a real local P/D cluster (tiny-hybrid with its EAGLE draft, shm) runs
-`bench serve` while the engines' counters are read before and after; then the simulator,
+For each workload: a real local P/D cluster (tiny-hybrid with its EAGLE draft, shm), warmed
+up by four requests of unrelated prompts, runs `bench serve` while the engines' counters are
+read before and after; then the simulator,
 with a calibration file of this machine (`relaykv sim calibrate`, made first unless
 `--hardware FILE` is given), predicts the same run. Prints predicted vs measured mean
 TTFT, mean TPOT, output throughput and D's local hit tokens, with the relative error
@@ -18,6 +19,7 @@ import contextlib
 import io
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,48 +97,91 @@ QUICK = {
     ]
 }
 
+# The warm-up requests: random token ids of another seed than any workload's, so they share
+# no prefix with them (the workloads' counters start after them), four at once so that P
+# also runs a batch of prompts once (the kernels' first run of that shape).
+WARMUP = [
+    "--ignore-eos",
+    "--disable-tqdm",
+    "--temperature",
+    "0",
+    "--dataset-name",
+    "random",
+    "--random-input-len",
+    "528",
+    "--random-output-len",
+    "16",
+    "--num-prompts",
+    "4",
+    "--max-concurrency",
+    "4",
+    "--seed",
+    "8",
+]
+
 
 def engine_flags(k: int, blocks: int, max_len: int, torch_threads: int | None = None) -> list[str]:
-    """Flags both `relaykv up` and `relaykv sim` take; `torch_threads` None: up's default."""
+    """Flags both `relaykv up` and `relaykv sim` take; `torch_threads` None: up's default.
+    The router's rule is spelled out: `relaykv up`'s router defaults to conditional
+    disaggregation with a 512-token max suffix, `relaykv sim` to `always` (and a max suffix
+    from the presets' cost estimate), and the two must run the same rule."""
     flags = ["--speculative-tokens", str(k), "--num-blocks", str(blocks)]
     flags += ["--max-model-len", str(max_len)]
+    flags += ["--disaggregation", "conditional", "--conditional-max-suffix", "512"]
     if torch_threads is not None:
         flags += ["--torch-threads", str(torch_threads)]
     return flags
 
 
-def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> dict[str, Any]:
-    """One `relaykv up` cluster, one `bench serve` run, the engines' counter deltas."""
+def real_run(
+    workload: list[str], flags: list[str], policy: str, out: Path, seeds: Sequence[int] = (0,)
+) -> dict[str, Any]:
+    """One `relaykv up` cluster, one `bench serve` run of `workload` per seed (`--seed`: other
+    prompts each round), the rounds pooled (`pooled`) with the engines' counter deltas."""
     up = [sys.executable, "-m", "relaykv", "up", "--json", "--pd-policy", policy, *flags]
     up += ["--log-dir", str(out / "up-logs")]  # the members' logs, next to the run's results
+    rounds = []
     with ClusterProcess(up, out / "up.log") as cluster:
         urls = cluster.urls
         assert urls is not None
-        before = {r: asyncio.run(scrape_counters(getattr(urls, r))) for r in ("prefill", "decode")}
-        code = relaykv(
-            [
-                "bench",
-                "serve",
-                "--base-url",
-                urls.router,
-                "--ignore-eos",
-                "--disable-tqdm",
-                "--save-result",
-                "--result-dir",
-                str(out),
-                "--result-filename",
-                "real.json",
-                # Greedy: the simulator's acceptance rate is the draft's on greedy decoding
-                # (the server's default, temperature 1, accepts far fewer drafts).
-                "--temperature",
-                "0",
-                *workload,
-            ]
-        )
+        # Requests of unrelated prompts first, outside the counters: the first steps of
+        # a fresh engine pay first-touch costs (pool pages, the kernels' first run of each
+        # shape: a cold P computed its first 528-token prompt 2.6x slower than a warm one)
+        # that the simulator, like the calibration (which warms its cluster the same way),
+        # does not model. vLLM's engines warm up at start; the seed's runs had one warmup.
+        code = relaykv(["bench", "serve", "--base-url", urls.router, *WARMUP])
         if code != 0:
-            raise RuntimeError(f"bench serve failed ({code})")
+            raise RuntimeError(f"the warm-up requests failed ({code})")
+        before = {r: asyncio.run(scrape_counters(getattr(urls, r))) for r in ("prefill", "decode")}
+        for seed in seeds:
+            name = f"real-seed{seed}.json"
+            code = relaykv(
+                [
+                    "bench",
+                    "serve",
+                    "--base-url",
+                    urls.router,
+                    "--ignore-eos",
+                    "--disable-tqdm",
+                    "--save-result",
+                    "--result-dir",
+                    str(out),
+                    "--result-filename",
+                    name,
+                    # Greedy: the simulator's acceptance rate is the draft's on greedy decoding
+                    # (the server's default, temperature 1, accepts far fewer drafts).
+                    "--temperature",
+                    "0",
+                    *workload,
+                    "--seed",
+                    str(seed),
+                ]
+            )
+            if code != 0:
+                raise RuntimeError(f"bench serve failed ({code})")
+            rounds.append(json.loads((out / name).read_text()))
         after = {r: asyncio.run(scrape_counters(getattr(urls, r))) for r in ("prefill", "decode")}
-    result = json.loads((out / "real.json").read_text())
+    result = pooled(rounds)
     delta = {r: counter_deltas(before[r], after[r]) for r in before}
     result["d_local_hit_tokens"] = delta["decode"]["local_hit_tokens"] or 0
     result["d_external_hit_tokens"] = delta["decode"]["external_hit_tokens"] or 0
@@ -145,7 +190,36 @@ def real_run(workload: list[str], flags: list[str], policy: str, out: Path) -> d
     return result
 
 
-def sim_run(workload: list[str], flags: list[str], policy: str, hardware: str) -> dict[str, Any]:
+def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one workload as one run: mean TTFT and TPOT over all their requests, output
+    throughput as all their output tokens over all their durations, the counters summed
+    (keys other rounds lack are dropped). One round is itself."""
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    requests = sum(r["completed"] for r in rounds)
+    out: dict[str, Any] = {"rounds": len(rounds), "completed": requests}
+    for key in ("mean_ttft_ms", "mean_tpot_ms"):
+        out[key] = sum(r[key] * r["completed"] for r in rounds) / requests
+    out["duration"] = sum(r["duration"] for r in rounds)
+    out["total_output_tokens"] = sum(r["total_output_tokens"] for r in rounds)
+    out["output_throughput"] = out["total_output_tokens"] / out["duration"]
+    for key in ("d_local_hit_tokens", "d_external_hit_tokens", "p_local_hit_tokens"):
+        if all(key in r for r in rounds):
+            out[key] = sum(r[key] for r in rounds)
+    return out
+
+
+def sim_run(
+    workload: list[str], flags: list[str], policy: str, hardware: str, seeds: Sequence[int] = (0,)
+) -> dict[str, Any]:
+    """The simulator's run of `workload` per seed, each on a fresh cluster (the real rounds
+    share one, but their prompts share nothing), pooled as the real rounds are."""
+    return pooled(
+        [_sim_round([*workload, "--seed", str(s)], flags, policy, hardware) for s in seeds]
+    )
+
+
+def _sim_round(workload: list[str], flags: list[str], policy: str, hardware: str) -> dict[str, Any]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = relaykv(
@@ -176,14 +250,17 @@ def compare(
     blocks: int = 3000,
     max_len: int = 4096,
     torch_threads: int | None = None,
+    seeds: Sequence[int] = (0,),
 ) -> dict[str, Any]:
     """One workload measured and simulated under the same conditions (k with the shipped
     draft, `torch_threads` per engine: None is `relaykv up`'s default); the calibration
-    `hardware` must have been made under them, or `relaykv sim` refuses it."""
+    `hardware` must have been made under them, or `relaykv sim` refuses it. `seeds`: one
+    round of the workload per seed, pooled (a run of a few seconds is at the mercy of the
+    machine's speed in those seconds)."""
     out.mkdir(parents=True, exist_ok=True)
     flags = engine_flags(k, blocks, max_len, torch_threads)
-    real = real_run(workload, flags, policy, out)
-    sim = sim_run(workload, flags, policy, hardware)
+    real = real_run(workload, flags, policy, out, seeds)
+    sim = sim_run(workload, flags, policy, hardware, seeds)
     rows = {}
     for key in METRICS:
         measured, predicted = float(real[key]), float(sim[key])

@@ -13,9 +13,7 @@ from relaykv.sim.results import summarize
 MODEL = model_spec("gpt-oss-20b")
 
 
-def _run(
-    policy: str, n: int = 12, concurrency: int = 4, num_decode: int = 1, **kw: object
-) -> dict:
+def _run(policy: str, n: int = 12, concurrency: int = 4, num_decode: int = 1, **kw: object) -> dict:
     spec = ClusterSpec(
         MODEL,
         HARDWARE["h20"],
@@ -107,8 +105,11 @@ def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     decodes the router's other streams gets siblings through P (`max_running`)."""
     always = _run("per-group")
     local = _run(
-        "per-group", disaggregation="conditional", conditional_max_suffix=128,
-        conditional_max_running=4, conditional_max_queued_prefill=4096,
+        "per-group",
+        disaggregation="conditional",
+        conditional_max_suffix=128,
+        conditional_max_running=4,
+        conditional_max_queued_prefill=4096,
     )
     # The warmup is P -> D (nothing on D yet); every measured sibling finds the prefix on D.
     assert local["local_requests"] == 12 and always["local_requests"] == 0
@@ -118,7 +119,9 @@ def test_conditional_disaggregation_runs_the_routers_rule() -> None:
     # A suffix above the max: P -> D as before; only the resend of the warmup's prompt (the
     # first request) leaves just the EAGLE unit (16 tokens) to compute.
     short = _run(
-        "per-group", disaggregation="conditional", conditional_max_suffix=16,
+        "per-group",
+        disaggregation="conditional",
+        conditional_max_suffix=16,
         conditional_max_running=4,
     )
     assert short["local_requests"] == 1
@@ -141,8 +144,53 @@ def test_the_cost_estimate_grows_with_the_p_trip() -> None:
     high = estimated_max_suffix(MODEL, hw, 2, 0.04, 4096)
     assert 0 < low < high and low % 16 == 0
     assert estimated_max_suffix(MODEL, hw, 2, 0.0, 4096) == 0
-    spec = ClusterSpec(MODEL, hw, LINKS["rdma"], decode_tp=2, disaggregation="conditional",
-                       scheduler=SchedulerConfig(max_model_len=4096))
+    spec = ClusterSpec(
+        MODEL,
+        hw,
+        LINKS["rdma"],
+        decode_tp=2,
+        disaggregation="conditional",
+        scheduler=SchedulerConfig(max_model_len=4096),
+    )
     assert spec.trip_seconds() == 2 * hw.request_overhead_s + 2 * hw.step_overhead_s + 1e-3
     rule = spec.conditional_rule()
     assert rule.max_suffix == estimated_max_suffix(MODEL, hw, 2, spec.trip_seconds(), 4096)
+
+
+def test_a_shared_host_slows_overlapping_steps_only() -> None:
+    """A CPU calibration's `shared_host_slowdown` (relaykv.sim.shared_host): every engine's
+    steps share one host. The same requests, tokens and cache decisions; at concurrency 1
+    (P and D never compute at once here) the same times; at concurrency 4 longer ones."""
+    from dataclasses import replace
+
+    shared = replace(HARDWARE["h20"], shared_host_slowdown=1.5)
+
+    def run(hardware, concurrency: int) -> dict:
+        spec = ClusterSpec(
+            MODEL,
+            hardware,
+            LINKS["tcp-25g"],
+            prefill_tp=2,
+            decode_tp=2,
+            num_blocks=4000,
+            scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_model_len=4096),
+        )
+        reqs = prefix_repetition_requests(
+            8, MODEL.vocab_size, prefix_len=2000, suffix_len=32, num_prefixes=2, output_len=16
+        )
+        cluster = SimCluster(spec)
+        assert (cluster.host is not None) == (hardware.shared_host_slowdown > 1)
+        offsets = arrival_offsets(8, float("inf"), 1.0, 0)
+        start = cluster.run(reqs, offsets, max_concurrency=concurrency, num_warmups=0)
+        assert cluster.check() == []
+        return summarize("per-group", cluster.records, start, {}, cluster.counters(), 0.0)
+
+    for concurrency in (1, 4):
+        plain, slowed = run(HARDWARE["h20"], concurrency), run(shared, concurrency)
+        same = ("completed", "total_output_tokens", "d_local_hit_tokens", "d_kv_bytes_received")
+        assert {k: plain[k] for k in same} == {k: slowed[k] for k in same}
+        if concurrency == 1:
+            assert slowed["mean_ttft_ms"] == plain["mean_ttft_ms"]
+            assert slowed["duration"] == plain["duration"]
+        else:
+            assert slowed["duration"] > plain["duration"] * 1.05

@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 TIMING = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 REUSED = "d_reused_tokens"  # D's local hit tokens + the tokens it received
 TOLERANCE = {**dict.fromkeys(TIMING, 0.35), REUSED: 0.05}
+# Six rounds of the workload (other prompts each) on one real cluster, pooled: a single
+# round lasts about two seconds, at the mercy of the machine's speed in those seconds and of
+# races the simulator does not have (two of a burst's first prompts reaching P before its
+# first step starts: P then prefills both in full; 1 round in 8 here, 1.3-1.7x the TTFT).
+SEEDS = tuple(range(6))
 
 
 def _errors(result: dict) -> dict[str, float]:
@@ -83,7 +88,10 @@ def test_simulator_predicts_a_real_run(tmp_path, k: int) -> None:
         }
         assert (calibration["acceptance_rate"] > 0) == (k > 0)
         hardware.write_text(json.dumps(calibration))
-        runs.append(_errors(compare(workload, str(hardware), tmp_path / f"run{attempt}", k=k)))
+        result = compare(workload, str(hardware), tmp_path / f"run{attempt}", k=k, seeds=SEEDS)
+        runs.append(_errors(result))
+        in_cluster = calibration["measured"]["in_cluster"]
+        print(f"k={k} attempt {attempt}: errors {runs[-1]}; calibration in cluster {in_cluster}")
         if attempt == 0 and not _out_of_tolerance(runs[0]):
             break
     median = {key: statistics.median(r[key] for r in runs) for key in TOLERANCE}

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from relaykv.sim.calibrate import calibration_steps, fit_hardware, fit_link, relative_errors
+from relaykv.sim.calibrate_host import fit_in_cluster
 from relaykv.sim.calibrate_serving import fit_serving, measure_serving
 from relaykv.sim.hardware import CalibrationConditions, HardwareSpec
 from relaykv.sim.model_presets import model_spec
@@ -142,6 +143,7 @@ def calibrate(
     served = measure_serving(
         model_name, k, torch_threads=threads, draft=draft, kv_transport=transport
     )
+    hw, in_cluster = fit_in_cluster(model, k, hw, served["step_phases"])
     hw, link = fit_serving(model, k, hw, link, served)
     out = asdict(hw)
     out["link"] = asdict(link)
@@ -160,6 +162,7 @@ def calibrate(
         "serving_mean_ttft_ms": served["mean_ttft_ms"],
         "serving_mean_tpot_ms": served["mean_tpot_ms"],
         "serving_engine_means": served["engine_means"],
+        "in_cluster": in_cluster,
     }
     return out
 
@@ -194,6 +197,7 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         f"{1e3 * out['per_sequence_overhead_s']:.2f} ms, per token "
         f"{1e6 * out['per_token_overhead_s']:.1f} us, "
         f"hop {1e3 * out['request_overhead_s']:.1f} ms, "
+        f"shared host x{out['shared_host_slowdown']:.2f}, "
         f"{out['peak_flops'] / 1e9:.1f} GFLOP/s, "
         f"KV {out['kv_bandwidth'] / 1e9:.2f} GB/s, draft pass "
         f"{1e3 * out['draft_pass_overhead_s']:.2f} ms; link "
@@ -207,6 +211,6 @@ def run_calibration(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         f"wrote {args.out}: measured at --speculative-tokens {c['speculative_tokens']} "
         f"(draft {c['draft'] or 'none'}), --torch-threads {c['torch_threads']}, "
         f"--kv-transport {c['kv_transport']}; `relaykv sim --hardware {args.out}` simulates "
-        "only these (docs/simulator.md, \"Validation conditions\")"
+        'only these (docs/simulator.md, "Validation conditions")'
     )
     return 0

@@ -22,6 +22,11 @@ measured where it arises instead of being inferred from the client's totals:
   polling add to a bare read);
 * `request_overhead_s` (one hop): the client's mean TTFT minus P's end-to-end latency and
   D's TTFT, halved (the router's two hops: client -> P, P's answer -> D).
+
+Each is read on top of what the runner costs inside the served cluster, which
+`calibrate_host` fits first from both engines' step logs of this workload and of a second
+and a third phase at concurrency 4 (`OVERLAP_WORKLOAD`, `BATCH_WORKLOAD`), also served
+here.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from relaykv.common.plumbing.child_process import ChildProcess
+from relaykv.sim.calibrate_host import StepPhase
 from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
@@ -56,6 +62,17 @@ WORKLOAD = [
     "--seed",
     "7",
 ]
+# Two more phases at concurrency 4 for `calibrate_host` (what the runner costs in the served
+# cluster): prompts of the same sizes, so that P prefills while D decodes (the shared host),
+# and short prompts, so that D decodes batches of up to four streams while P is mostly idle.
+OVERLAP_WORKLOAD = list(WORKLOAD)
+OVERLAP_WORKLOAD[WORKLOAD.index("--max-concurrency") + 1] = "4"
+OVERLAP_WORKLOAD[WORKLOAD.index("--num-prompts") + 1] = "12"
+OVERLAP_WORKLOAD[WORKLOAD.index("--seed") + 1] = "9"
+BATCH_PROMPT_LEN = 128
+BATCH_WORKLOAD = list(OVERLAP_WORKLOAD)
+BATCH_WORKLOAD[WORKLOAD.index("--random-input-len") + 1] = str(BATCH_PROMPT_LEN)
+BATCH_WORKLOAD[WORKLOAD.index("--seed") + 1] = "10"
 ENGINE = ["--num-blocks", "2000", "--max-model-len", "2048"]
 # Engine histograms (Prometheus `<name>_sum` / `<name>_count`) the fit reads.
 HISTOGRAMS = {
@@ -112,7 +129,9 @@ def measure_serving(
     kv_transport: str = "shm",
 ) -> dict[str, Any]:
     """`bench serve`'s result of `WORKLOAD` on a real local P/D cluster, plus the engines'
-    histogram means over the measured requests (`engine_means`: role -> name -> seconds).
+    histogram means over the measured requests (`engine_means`: role -> name -> seconds)
+    and both engines' logged steps of it, of `OVERLAP_WORKLOAD` and of `BATCH_WORKLOAD`
+    after it (`step_phases`: one `StepPhase` each).
     The engines run with the runner's timing conditions: k draft tokens of `draft`
     (`shipped`: the model's own; `random`), `torch_threads` torch threads each (None:
     `relaykv up`'s default) and `kv_transport`."""
@@ -145,14 +164,35 @@ def measure_serving(
             # outside the scrapes.
             warm = [*bench[: -len(WORKLOAD)], *_warmup_only(WORKLOAD)]
             subprocess.run(warm, check=True, capture_output=True, text=True, env=env)
+            since = {r: _steps(cluster[r][0], float("inf"))["now"] for r in HISTOGRAMS}
             before = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
             subprocess.run(bench, check=True, capture_output=True, text=True, env=env)
             after = {r: _scrape(cluster[r][0], HISTOGRAMS[r]) for r in HISTOGRAMS}
             result = json.loads((Path(tmp) / "serving.json").read_text())
+            phases = []
+            for workload, prompt_len in (
+                (None, PROMPT_LEN),
+                (OVERLAP_WORKLOAD, PROMPT_LEN),
+                (BATCH_WORKLOAD, BATCH_PROMPT_LEN),
+            ):
+                if workload is not None:
+                    run = [*bench[: -len(WORKLOAD)], *workload]
+                    subprocess.run(run, check=True, capture_output=True, text=True, env=env)
+                logs = {r: _steps(cluster[r][0], since[r]) for r in HISTOGRAMS}
+                since = {r: logs[r]["now"] for r in HISTOGRAMS}
+                steps = {r: logs[r]["steps"] for r in HISTOGRAMS}
+                phases.append(StepPhase(prompt_len, OUTPUT_LEN, steps))
         finally:
             up_process.stop(60)
     result["engine_means"] = {r: histogram_means(before[r], after[r]) for r in HISTOGRAMS}
+    result["step_phases"] = phases
     return result
+
+
+def _steps(url: str, since: float) -> dict[str, Any]:
+    """The engine's step log from `since` on (`GET /steps`; `since` inf: only its clock)."""
+    with urllib.request.urlopen(f"{url}/steps?since={since}", timeout=30) as response:
+        return cast(dict[str, Any], json.loads(response.read()))
 
 
 def _cluster_line(line: str) -> dict[str, Any] | None:

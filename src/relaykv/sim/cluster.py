@@ -44,6 +44,7 @@ from relaykv.sim.executor import CostModelExecutor
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
 from relaykv.sim.routing import SimRouter
+from relaykv.sim.shared_host import SharedHost
 from relaykv.sim.tier import DEFAULT_TIER_BANDWIDTH, SimTier
 from relaykv.sim.transport import SimTransport
 
@@ -122,6 +123,10 @@ class SimCluster:
         self.spec = spec
         self.loop = EventLoop()
         self.transport = SimTransport(self.loop, spec.link, self._notify)
+        # A CPU calibration describes one machine running every engine: their steps share its
+        # cores (`relaykv.sim.shared_host`). Accelerator presets (slowdown 1) do not.
+        slowdown = spec.hardware.shared_host_slowdown
+        self.host = SharedHost(self.loop, slowdown) if slowdown > 1.0 else None
         self.engines: dict[str, SimEngine] = {}
         colocated = spec.num_prefill == 0
         self.rule = spec.conditional_rule()
@@ -179,7 +184,14 @@ class SimCluster:
                 on_done=lambda: self.engines[name].kick(),
             )
         self.engines[name] = SimEngine(
-            name, executor, config, self.loop, self._progress, self.transport, tier=tier
+            name,
+            executor,
+            config,
+            self.loop,
+            self._progress,
+            self.transport,
+            tier=tier,
+            host=self.host,
         )
 
     def _notify(self, engine_id: str) -> None:
@@ -370,4 +382,7 @@ class SimCluster:
         return out
 
     def check(self) -> list[str]:
-        return [f"{name}: {p}" for name, e in self.engines.items() for p in e.check()]
+        problems = [f"{name}: {p}" for name, e in self.engines.items() for p in e.check()]
+        if self.host is not None:
+            problems += [f"shared host: {p}" for p in self.host.check()]
+        return problems

@@ -6,7 +6,9 @@ hashes, window frees, P/D hand-over) runs when its modelled duration has passed,
 is hashed, handed to D and visible to siblings only once it would have been written.
 Between the two, arrivals and transfer completions wait for the next step, as they do in
 the real engine's step loop. An engine is `busy` during a step; `kick()` schedules a step
-now if it is idle (a new request, a finished transfer, freed blocks on P).
+now if it is idle (a new request, a finished transfer, freed blocks on P). With a
+`SharedHost` (a CPU calibration: every engine on one machine) a step's modelled duration is
+its work alone, and it ends when the host has done that work (`relaykv.sim.shared_host`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from relaykv.kvcache import CacheLifecycle
 from relaykv.kvcache.tier import TierBackend
 from relaykv.sim.clock import EventLoop
 from relaykv.sim.executor import CostModelExecutor
+from relaykv.sim.shared_host import SharedHost
 from relaykv.transfer.connector import PDConnector
 
 # (engine, request, new tokens): called for every request a step advanced or finished.
@@ -37,8 +40,10 @@ class SimEngine:
         on_progress: OnProgress,
         transport: Any = None,
         tier: TierBackend | None = None,
+        host: SharedHost | None = None,
     ) -> None:
-        """`tier`: a KV tier (`relaykv.sim.tier.SimTier`) below the engine's pool."""
+        """`tier`: a KV tier (`relaykv.sim.tier.SimTier`) below the engine's pool; `host`:
+        the CPUs this engine's steps share with the other engines' (None: its own devices)."""
         self.name = name
         self.role = config.role
         self.executor = executor
@@ -53,6 +58,7 @@ class SimEngine:
             )
             self.engine.attach_connector(self.connector)
         self.on_progress = on_progress
+        self.host = host
         self.busy = False
         self._kicked = False
         self.num_steps = 0
@@ -90,8 +96,11 @@ class SimEngine:
         duration = self.executor.last_cost.seconds
         self.busy = True
         self.num_steps += 1
-        self.busy_seconds += duration
-        self.loop.after(duration, lambda: self._end_step(scheduled, result))
+        self.busy_seconds += duration  # work alone: a shared host may take longer
+        if self.host is None:
+            self.loop.after(duration, lambda: self._end_step(scheduled, result))
+        else:
+            self.host.run(duration, lambda: self._end_step(scheduled, result))
 
     def _end_step(self, scheduled: list[ScheduledSequence], result: StepOutput) -> None:
         self.busy = False

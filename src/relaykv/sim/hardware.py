@@ -51,6 +51,10 @@ class HardwareSpec:
     draft_pass_overhead_s: float = 0.3e-3
     kv_bandwidth: float = 0.0  # bytes/s for KV reads and writes (0: hbm_bandwidth)
     request_overhead_s: float = 1e-3  # one HTTP hop through the router to an engine
+    # A step's time while another engine's step runs on the same machine, over its time
+    # alone (a CPU calibration, where one host runs the whole cluster: measured, >= 1; 1 on
+    # accelerators, whose engines do not share devices). relaykv.sim.shared_host applies it.
+    shared_host_slowdown: float = 1.0
     combine: str = "max"
     # Engine defaults on this hardware: KV pool bytes per engine (0: memory * TP * 0.9 minus
     # the weights) and the scheduler's token budget per step.
@@ -61,6 +65,8 @@ class HardwareSpec:
         for f in ("peak_flops", "hbm_bandwidth", "memory_bytes", "mfu", "mbu"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"hardware {self.name}: {f} must be > 0")
+        if not self.shared_host_slowdown >= 1.0:
+            raise ValueError(f"hardware {self.name}: shared_host_slowdown must be >= 1")
         if self.combine not in ("max", "sum"):
             raise ValueError(f"hardware {self.name}: combine must be max or sum")
 
