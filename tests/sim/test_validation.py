@@ -70,7 +70,7 @@ def test_simulator_predicts_a_real_run(tmp_path, k: int) -> None:
     pytest.importorskip("torch")
     from benchmarks.sim_validate import QUICK, compare
 
-    from relaykv.sim.calibrate_cli import calibrate
+    from relaykv.sim.calibration.cli import calibrate
 
     (workload,) = QUICK.values()
     runs = []

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.action == "calibrate":
-        from relaykv.sim.calibrate_cli import run_calibration
+        from relaykv.sim.calibration.cli import run_calibration
 
         if not args.out:
             parser.error("argument --out: calibrate needs --out FILE")

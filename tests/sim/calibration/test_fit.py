@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relaykv.sim.calibrate import (
+from relaykv.sim.calibration.fit import (
     calibration_steps,
     features,
     fit_hardware,
@@ -78,7 +78,7 @@ def test_the_real_runner_can_be_timed() -> None:
 def test_serving_overheads_are_read_where_they_arise() -> None:
     """`fit_serving`'s decomposition on hand-made engine histograms: P's extra prefill
     time per token, D's extra step time, the transfer latency and the two hops."""
-    from relaykv.sim.calibrate_serving import (
+    from relaykv.sim.calibration.serving import (
         OUTPUT_LEN,
         PROMPT_LEN,
         fit_serving,

@@ -1,6 +1,6 @@
 """`relaykv sim calibrate --model M --out FILE`: measure this machine, fit, write the file.
 
-1. The real model runner times `calibrate.calibration_steps` (prefills at several lengths
+1. The real model runner times `fit.calibration_steps` (prefills at several lengths
    and cached fractions, decode batches of 1-8 at several contexts, a mixed step) in a
    subprocess (`python -m relaykv.model.step_timing`: only the model layer loads models),
    with the draft `relaykv serve --speculative-tokens K` loads (the model's shipped one, or
@@ -8,13 +8,14 @@
    as `relaykv up`'s engines).
 2. The chosen transport (`--kv-transport`, default shm) times reads of 1 to 256 pages of
    the model's geometry between two real endpoints in this process.
-3. `calibrate_serving` measures the serving overheads on a real local cluster and fits
-   them (per-step and per-hop seconds on top of the runner).
-4. `calibrate.fit_hardware` / `fit_link` fit the cost model; the file holds the fitted
-   `HardwareSpec` fields, a `link`, the measurements, the fit's relative errors and the
-   `conditions` it was measured under (model, k, draft, torch threads, transport). Use it
-   as `relaykv sim --hardware FILE` (its link is the default `--link`), which refuses
-   other conditions (`hardware.check_conditions`).
+3. `serving` serves the calibration workload on a real local cluster; `in_cluster` fits
+   what the runner costs there from the engines' step logs, and `serving` the overheads
+   its histograms show on top (per-token, per-step, per-hop and per-transfer seconds).
+4. `fit.fit_hardware` / `fit_link` fit the cost model (before step 3's fits); the file
+   holds the fitted `HardwareSpec` fields, a `link`, the measurements, the fit's relative
+   errors and the `conditions` it was measured under (model, k, draft, torch threads,
+   transport). Use it as `relaykv sim --hardware FILE` (its link is the default `--link`),
+   which refuses other conditions (`hardware.check_conditions`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from relaykv.sim.calibrate import calibration_steps, fit_hardware, fit_link, relative_errors
-from relaykv.sim.calibrate_host import fit_in_cluster
-from relaykv.sim.calibrate_serving import fit_serving, measure_serving
+from relaykv.sim.calibration.fit import calibration_steps, fit_hardware, fit_link, relative_errors
+from relaykv.sim.calibration.in_cluster import fit_in_cluster
+from relaykv.sim.calibration.serving import fit_serving, measure_serving
 from relaykv.sim.hardware import CalibrationConditions, HardwareSpec
 from relaykv.sim.model_presets import model_spec
 from relaykv.sim.models import ModelSpec

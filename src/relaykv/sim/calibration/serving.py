@@ -24,7 +24,7 @@ measured where it arises instead of being inferred from the client's totals:
   D's TTFT, halved (the router's two hops: client -> P, P's answer -> D).
 
 Each is read on top of what the runner costs inside the served cluster, which
-`calibrate_host` fits first from both engines' step logs of this workload and of a second
+`in_cluster` fits first from both engines' step logs of this workload and of a second
 and a third phase at concurrency 4 (`OVERLAP_WORKLOAD`, `BATCH_WORKLOAD`), also served
 here.
 """
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from relaykv.common.plumbing.child_process import ChildProcess
-from relaykv.sim.calibrate_host import StepPhase
+from relaykv.sim.calibration.in_cluster import StepPhase, mean_decode_context
 from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec, LinkSpec
 from relaykv.sim.models import ModelSpec
@@ -62,7 +62,7 @@ WORKLOAD = [
     "--seed",
     "7",
 ]
-# Two more phases at concurrency 4 for `calibrate_host` (what the runner costs in the served
+# Two more phases at concurrency 4 for `in_cluster` (what the runner costs in the served
 # cluster): prompts of the same sizes, so that P prefills while D decodes (the shared host),
 # and short prompts, so that D decodes batches of up to four streams while P is mostly idle.
 OVERLAP_WORKLOAD = list(WORKLOAD)
@@ -221,7 +221,7 @@ def fit_serving(
     prefill = [SeqShape(s, min(chunk, PROMPT_LEN - s)) for s in range(0, PROMPT_LEN, chunk)]
     runner_prefill = sum(step_cost(model, hw, 1, [c]).seconds for c in prefill)
     per_token = max(0.0, (p["vllm:request_prefill_time_seconds"] - runner_prefill) / PROMPT_LEN)
-    mean_context = PROMPT_LEN + OUTPUT_LEN // 2
+    mean_context = mean_decode_context(PROMPT_LEN, OUTPUT_LEN)
     decode = SeqShape(mean_context, 1 + k, k)
     runner_decode = step_cost(model, hw, 1, [decode]).seconds
     extra_step = max(0.0, d["vllm:inter_token_latency_seconds"] - runner_decode)

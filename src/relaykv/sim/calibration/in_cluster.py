@@ -9,15 +9,15 @@ thread streams each sequence's tokens while the step runs, in the same interpret
 the same cores; a batch of mixed context lengths also costs more than a uniform one). And
 under concurrency P's prefills and D's decode steps run at the same time on the same cores,
 memory bandwidth and caches, so both take longer again. The serving overheads read at
-concurrency 1 (`calibrate_serving`) see neither: a served batch of one, and P and D never
+concurrency 1 (`serving`) see neither: a served batch of one, and P and D never
 computing at once. Without this fit the validation runs at concurrency 4
 (docs/simulator.md "Validation against real runs") came out 25-50% slower than predicted.
 
-So `relaykv sim calibrate` serves a second phase at concurrency 4 and reads both engines'
-recent steps (`GET /steps`: start, end and batch of every executed step, on the host's
-monotonic clock) over both phases. For each step: its measured time `d`, its runner-fitted
-time `r`, its number of sequences `n`, and the fraction `x` of it during which the other
-engine ran a step. Then
+So `relaykv sim calibrate` serves two more phases at concurrency 4 (`serving`) and reads
+both engines' recent steps (`GET /steps`: start, end and batch of every executed step, on
+the host's monotonic clock) over all three phases. For each step: its measured time `d`,
+its runner-fitted time `r`, its number of sequences `n`, and the fraction `x` of it during
+which the other engine ran a step (within its phase). Then
 
 * the steps that ran alone (`x < ALONE`) fit `d = a r + s n + b`: `a` from P's prefills
   (the median of `(d - s - b) / r`), `s` and `b` from D's decode batches (non-negative
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from relaykv.sim.calibrate import nnls
+from relaykv.sim.calibration.fit import nnls
 from relaykv.sim.cost_model import SeqShape, step_cost
 from relaykv.sim.hardware import HardwareSpec
 from relaykv.sim.models import ModelSpec
@@ -50,6 +50,12 @@ ALONE = 0.25
 OVERLAPPED = 0.75
 MIN_STEPS = 3
 ROUNDS = 8
+
+
+def mean_decode_context(prompt_len: int, output_len: int) -> int:
+    """Where a decode step of the calibration workload is priced: halfway through its output
+    (the step logs and the histograms carry no positions)."""
+    return prompt_len + output_len // 2
 
 
 def step_shapes(
@@ -64,8 +70,8 @@ def step_shapes(
     `prompt_len`-token prompts, no prefix hits, `output_len` output tokens). The log has
     no positions: a prefill continues where the request's last chunk ended (`positions`),
     a load recomputes the last prompt position, and a decode step is placed at the
-    workload's mean context, as `fit_serving` places it. A decode engine's steps propose k
-    drafts; a prefill engine hands over without proposing."""
+    workload's mean context (`mean_decode_context`, as `serving.fit_serving` does). A
+    decode engine's steps propose k drafts; a prefill engine hands over without proposing."""
     shapes = []
     for w in work:
         n = int(w["tokens"]) + int(w["draft_tokens"])
@@ -75,7 +81,7 @@ def step_shapes(
         elif w["kind"] == "load":
             start = prompt_len - 1
         else:
-            start = prompt_len + output_len // 2
+            start = mean_decode_context(prompt_len, output_len)
         shapes.append(SeqShape(start, n, k if role != "prefill" and k else 0))
     return shapes
 

@@ -1,5 +1,5 @@
 """What the runner costs in the served cluster: the fit recovers a known cluster from step
-logs made with it (`relaykv.sim.calibrate_host`)."""
+logs made with it (`relaykv.sim.calibration.in_cluster`)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,17 @@ import random
 
 import pytest
 
-from relaykv.sim.calibrate_host import StepPhase, fit_in_cluster, overlap_fractions, step_shapes
-from relaykv.sim.cost_model import SeqShape, step_cost
-from relaykv.sim.hardware import HardwareSpec
-from relaykv.sim.model_presets import model_spec
-
-RUNNER = HardwareSpec(
-    "runner",
-    peak_flops=7e9,
-    hbm_bandwidth=1e30,
-    memory_bytes=1e9,
-    mfu=1.0,
-    mbu=1.0,
-    step_overhead_s=4e-3,
-    per_sequence_overhead_s=0.5e-3,
-    draft_pass_overhead_s=1e-3,
-    kv_bandwidth=0.5e9,
-    combine="sum",
+from relaykv.sim.calibration.in_cluster import (
+    StepPhase,
+    fit_in_cluster,
+    overlap_fractions,
+    step_shapes,
 )
+from relaykv.sim.cost_model import SeqShape, step_cost
+from relaykv.sim.model_presets import model_spec
+from tests.sim.calibration.test_fit import TRUTH
+
+RUNNER = TRUTH  # a runner-fitted machine
 PROMPT, OUTPUT, K = 768, 48, 2
 A, S, B, F = 1.2, 3e-3, 1e-3, 1.3  # the served cluster the logs are made with
 
